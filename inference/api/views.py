@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+from django.db import transaction
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import IsAdminUser
+from rest_framework.response import Response
+
+from inference.api.serializers import (
+    GenerationAcceptedSerializer, GenerationRequestSerializer, ModelVersionSerializer,
+)
+from inference.models import ModelVersion
+from inference.submission import submit_generation
+from metadata.tenancy import tenant_of
+
+
+class GenerationViewSet(viewsets.GenericViewSet):
+    serializer_class = GenerationRequestSerializer
+
+    @extend_schema(responses={202: GenerationAcceptedSerializer})
+    def create(self, request):
+        tenant = tenant_of(request.user)
+        if tenant is None:
+            raise PermissionDenied("this user belongs to no tenant.")
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        session = submit_generation(serializer, tenant=tenant, user=request.user)
+        url = request.build_absolute_uri(reverse("session-detail", args=[session.pk]))
+        body = {
+            "id": session.pk, "status": session.status, "queue": session.queue, "url": url,
+            "stream_url": request.build_absolute_uri(reverse("session-stream", args=[session.pk])),
+            "tokens_url": request.build_absolute_uri(reverse("session-tokens", args=[session.pk])),
+        }
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": url})
+
+
+class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    queryset = ModelVersion.objects.order_by("name", "role", "-created_at")
+    serializer_class = ModelVersionSerializer
+
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def promote(self, request, pk=None):
+        version = self.get_object()
+        with transaction.atomic():
+            replaced = version.promote()
+        data = self.get_serializer(version).data
+        data["replaced"] = [v.pk for v in replaced]
+        return Response(data)

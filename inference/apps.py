@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class InferenceConfig(AppConfig):
+    name = "inference"
+    verbose_name = "Inference"
+
+    def ready(self) -> None:
+        from inference import worker  # noqa: F401  (connects the worker_process_init handler)

@@ -1,0 +1,32 @@
+"""Register a local model directory (save_pretrained layout) as a model version."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.models import ModelRole
+from inference.registry import RegistrationError, register_pair, register_version
+
+
+class Command(BaseCommand):
+    help = "Register a target (optionally with its draft) or a draft model directory."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("version")
+        parser.add_argument("path", type=Path)
+        parser.add_argument("--role", choices=ModelRole.values, default=ModelRole.TARGET)
+        parser.add_argument("--draft", type=Path, help="Draft model directory for a target.")
+        parser.add_argument("--device", default="cpu")
+        parser.add_argument("--promote", action="store_true")
+
+    def handle(self, *args, name, version, path, role, draft, device, promote, **options) -> None:
+        try:
+            if role == ModelRole.TARGET:
+                registered = register_pair(name, version, path, draft, device=device, promote=promote)
+            else:
+                registered = register_version(name, version, role, path, device=device, promote=promote)
+        except (RegistrationError, OSError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue})")

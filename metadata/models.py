@@ -1,0 +1,229 @@
+"""The metadata store: tenants, the hot session table, and the partitioned history tables.
+
+Token history, candidates and the request log are RANGE-partitioned on a time column (created by
+``metadata.migration_operations.CreatePartitionedModel``). Every primary key includes that column
+(PostgreSQL requires it). Tokens and candidates are partitioned on their session's creation time,
+so one session's rows live in one partition and a redelivered task's rows collide on the natural
+key (``ON CONFLICT DO NOTHING``) instead of being written twice.
+"""
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class TenantMembership(models.Model):
+    """Which tenant an API user acts for; every API queryset is filtered by it."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="membership")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="members")
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant}"
+
+
+class SessionStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+LIVE_STATUSES = (SessionStatus.QUEUED, SessionStatus.RUNNING)
+
+
+class Session(models.Model):
+    """One generation: its request, its state, and its outcome. Hot and not partitioned."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="sessions")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    last_activity_at = models.DateTimeField(default=timezone.now)
+    status = models.CharField(max_length=16, choices=SessionStatus.choices, default=SessionStatus.QUEUED)
+    target = models.ForeignKey("inference.ModelVersion", on_delete=models.PROTECT, related_name="+")
+    draft = models.ForeignKey(
+        "inference.ModelVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    drafter = models.CharField(max_length=16)
+    queue = models.CharField(max_length=32)
+    prompt = models.TextField()
+    prompt_tokens = models.PositiveIntegerField()
+    params = models.JSONField(default=dict)
+    token_count = models.PositiveIntegerField(default=0)
+    text = models.TextField(blank=True, default="")
+    finish_reason = models.CharField(max_length=16, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    stats = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The hottest read, state by session id, served by an index-only scan.
+            models.Index(
+                fields=["id"],
+                include=["status", "token_count", "updated_at", "tenant"],
+                name="session_state_covering",
+            ),
+            # Live sessions only: a small index that stays small as finished sessions pile up.
+            models.Index(
+                fields=["last_activity_at"],
+                condition=Q(status__in=[s.value for s in LIVE_STATUSES]),
+                name="session_live_partial",
+            ),
+            models.Index(fields=["tenant", "-created_at", "id"], name="session_tenant_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+    @property
+    def is_live(self) -> bool:
+        return self.status in LIVE_STATUSES
+
+
+class TokenKind(models.IntegerChoices):
+    TARGET = 0, "target"  # produced by the target alone (no draft, correction or bonus)
+    ACCEPTED = 1, "accepted draft"
+    BONUS = 2, "bonus"
+
+
+class TokenRecord(models.Model):
+    """One generated token. Partitioned by ``session_created_at``."""
+
+    pk = models.CompositePrimaryKey("session_id", "position", "session_created_at")
+    # The primary key starts with session_id, so the FK needs no index of its own.
+    session = models.ForeignKey(
+        Session, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    session_created_at = models.DateTimeField()
+    position = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    token_id = models.IntegerField()
+    piece = models.TextField()
+    kind = models.SmallIntegerField(choices=TokenKind.choices)
+    logprob = models.FloatField(null=True)
+
+    class Meta:
+        db_table = "metadata_token"
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.position}"
+
+
+class Candidate(models.Model):
+    """One drafted branch of one verification step, with its draft score (n-best candidates)."""
+
+    pk = models.CompositePrimaryKey("session_id", "step", "branch", "session_created_at")
+    # The primary key starts with session_id, so the FK needs no index of its own.
+    session = models.ForeignKey(
+        Session, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    session_created_at = models.DateTimeField()
+    step = models.PositiveIntegerField()
+    branch = models.PositiveIntegerField()
+    token_ids = models.JSONField()
+    score = models.FloatField()
+    accepted_len = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "metadata_candidate"
+        indexes = [models.Index("session", models.F("score").desc(), "step", "branch", name="candidate_by_score")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} step {self.step} branch {self.branch}"
+
+
+class RequestLog(models.Model):
+    """One API request (method, path, status, latency); partitioned by ``requested_at``."""
+
+    pk = models.CompositePrimaryKey("id", "requested_at")
+    id = models.UUIDField(default=uuid.uuid4)
+    requested_at = models.DateTimeField(default=timezone.now)
+    tenant = models.ForeignKey(
+        Tenant, null=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False, related_name="+"
+    )
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=300)
+    status_code = models.PositiveSmallIntegerField()
+    duration_ms = models.FloatField()
+    session = models.ForeignKey(
+        Session, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+
+    class Meta:
+        db_table = "metadata_request_log"
+
+
+# table -> RANGE partition column, for the migrations and the partition lifecycle.
+PARTITIONED_TABLES: dict[str, str] = {
+    TokenRecord._meta.db_table: "session_created_at",
+    Candidate._meta.db_table: "session_created_at",
+    RequestLog._meta.db_table: "requested_at",
+}
+
+
+class ArchivalStep(models.TextChoices):
+    PENDING = "pending"
+    DETACHED = "detached"
+    EXPORTED = "exported"
+    VERIFIED = "verified"
+    DROPPED = "dropped"
+    FAILED = "failed"
+
+
+class PartitionArchivalJob(models.Model):
+    """One partition's way to cold storage; a crash resumes from ``step`` on the next run."""
+
+    parent_table = models.CharField(max_length=63)
+    partition = models.CharField(max_length=63)
+    range_start = models.DateTimeField()
+    range_end = models.DateTimeField()
+    step = models.CharField(max_length=10, choices=ArchivalStep.choices, default=ArchivalStep.PENDING)
+    archive_path = models.CharField(max_length=500, blank=True, default="")
+    row_count = models.BigIntegerField(null=True, blank=True)
+    checksum = models.CharField(max_length=64, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    failed_step = models.CharField(max_length=10, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["partition"], name="one_archival_job_per_partition")]
+
+    def __str__(self) -> str:
+        return f"{self.partition} ({self.step})"
+
+
+class CacheStatsSnapshot(models.Model):
+    """Cache counters of one process at one moment, so the admin can chart hit rates."""
+
+    taken_at = models.DateTimeField(default=timezone.now, db_index=True)
+    cache = models.CharField(max_length=32)  # e.g. "session_state", "prediction"
+    tier = models.CharField(max_length=16)  # "local" | "redis"
+    hits = models.BigIntegerField(default=0)
+    misses = models.BigIntegerField(default=0)
+    coalesced = models.BigIntegerField(default=0)
+
+    @property
+    def hit_rate(self) -> float | None:
+        total = self.hits + self.misses
+        return self.hits / total if total else None

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Create .venv and install requirements.txt, only when the requirements changed since last time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+stamp=.venv/.requirements.sha256
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [[ ! -x .venv/bin/python ]]; then
+  echo "bootstrap: creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+  echo "bootstrap: installing requirements.txt"
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt 2>&1 | grep -v "is ignored: it is neither" || true
+  .venv/bin/python -c "import django, torch, transformers" || { echo "bootstrap: install failed" >&2; exit 1; }
+  echo "$want" >"$stamp"
+else
+  echo "bootstrap: .venv is up to date"
+fi

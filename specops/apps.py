@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class SpecOpsConfig(AppConfig):
+    name = "specops"
+    verbose_name = "SpecOps"
+
+    def ready(self) -> None:
+        from specops import checks  # noqa: F401  (registers the system checks)

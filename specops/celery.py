@@ -1,0 +1,59 @@
+"""The Celery app: per-device queues for models, a maintenance queue for beat jobs.
+
+Queues: ``cpu``, one ``gpu.N`` per visible CUDA device, and ``maintenance``. An inference task is
+sent to the queue of the device its target model version is placed on (inference.placement).
+"""
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
+
+app = Celery("specops")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+CPU_QUEUE = "cpu"
+MAINTENANCE_QUEUE = "maintenance"
+
+
+def gpu_queue(index: int) -> str:
+    return f"gpu.{index}"
+
+
+def visible_gpu_count() -> int:
+    """Count CUDA devices without importing torch in processes that never run a model."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # no torch or no driver: a CPU host
+        return 0
+
+
+def device_queues(gpu_count: int) -> list[str]:
+    return [CPU_QUEUE] + [gpu_queue(i) for i in range(gpu_count)]
+
+
+app.conf.update(
+    # gpu.N queues are declared on demand (task_create_missing_queues) by the workers that own them.
+    task_queues=[Queue(CPU_QUEUE), Queue(MAINTENANCE_QUEUE)],
+    task_create_missing_queues=True,
+    task_default_queue=CPU_QUEUE,
+    task_routes={"metadata.tasks.*": {"queue": MAINTENANCE_QUEUE}},
+    # Model queues: one task at a time per process, acknowledged after it ran, redelivered when
+    # the worker dies (writes are idempotent, so a redelivery duplicates nothing).
+    worker_prefetch_multiplier=1,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_proc_alive_timeout=120,
+    task_track_started=True,
+    broker_connection_retry_on_startup=True,
+    timezone="UTC",
+)
+app.autodiscover_tasks()

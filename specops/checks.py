@@ -1,0 +1,26 @@
+"""System checks for configuration that parses but is wrong (ids are stable: specops.E0xx)."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+
+
+@register(Tags.database, deploy=False)
+def check_configuration(app_configs=None, **kwargs) -> list:
+    """Report what settings.py collected instead of failing at import time."""
+    return [Error(msg, hint=hint, id=check_id) for check_id, msg, hint in settings.CONFIG_ERRORS]
+
+
+@register()
+def check_model_dir(app_configs=None, **kwargs) -> list:
+    """Warn when SPECOPS_MODEL_DIR points at a file: workers could never load a model from it."""
+    model_dir = settings.SPECOPS_MODEL_DIR
+    if model_dir.exists() and not model_dir.is_dir():
+        return [
+            Warning(
+                f"SPECOPS_MODEL_DIR {model_dir} is not a directory.",
+                hint="Point SPECOPS_MODEL_DIR at a directory of save_pretrained model folders.",
+                id="specops.W002",
+            )
+        ]
+    return []

@@ -1,0 +1,142 @@
+"""SpecOps settings: everything comes from the environment (README lists every variable).
+
+Misconfiguration that Django can still boot with (a replica URL that does not parse, say) is
+collected in ``CONFIG_ERRORS`` and reported by the system checks in ``specops.checks``; a missing
+SECRET_KEY with DEBUG off is refused at once.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+from specops.database_config import database_settings
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+INSECURE_SECRET_KEY = "insecure-dev-key-change-me"
+
+env = environ.Env()
+DEBUG = env.bool("DEBUG", default=True)
+SECRET_KEY = env.str("SECRET_KEY", default=INSECURE_SECRET_KEY)
+if not DEBUG and SECRET_KEY == INSECURE_SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set to a secret value when DEBUG is off.")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+
+CONFIG_ERRORS: list[tuple[str, str, str]] = []  # (check id, message, hint) for specops.checks
+
+DATABASES, DATABASE_REPLICAS = database_settings(
+    primary_url=env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/specops"),
+    replica_urls=env.str("DATABASE_REPLICA_URLS", default="postgres://postgres@127.0.0.1:5433/specops"),
+    pool_max_size=env.int("DATABASE_POOL_MAX_SIZE", default=8),
+    errors=CONFIG_ERRORS,
+)
+DATABASE_ROUTERS = ["metadata.routers.ReplicaRouter"]
+
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": env.str("SPECOPS_CACHE_PREFIX", default="specops"),
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SOCKET_CONNECT_TIMEOUT": 0.25,
+            "SOCKET_TIMEOUT": 0.25,
+        },
+    }
+}
+
+SPECOPS_MODEL_DIR = Path(env.str("SPECOPS_MODEL_DIR", default=str(BASE_DIR / "models")))
+SPECOPS_ARCHIVE_DIR = Path(env.str("SPECOPS_ARCHIVE_DIR", default=str(BASE_DIR / "var" / "archive")))
+SPECOPS_TOKEN_BATCH_SIZE = env.int("SPECOPS_TOKEN_BATCH_SIZE", default=100)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_celery_beat",
+    "django_prometheus",
+    "metadata",
+    "inference",
+    "specops.apps.SpecOpsConfig",
+]
+
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]
+
+ROOT_URLCONF = "specops.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    }
+]
+WSGI_APPLICATION = "specops.wsgi.application"
+ASGI_APPLICATION = "specops.asgi.application"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "specops.api_errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "SpecOps API",
+    "DESCRIPTION": "LLM generation with speculative decoding, and its session metadata.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Celery: the broker defaults to Redis; RabbitMQ works by setting CELERY_BROKER_URL.
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=REDIS_URL)
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=300)
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=360)
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

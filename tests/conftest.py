@@ -1,0 +1,47 @@
+"""Fixtures shared by the Django tests. They talk to the real PostgreSQL, replica and Redis."""
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from metadata.models import Tenant, TenantMembership
+
+
+@pytest.fixture
+def tenant(db) -> Tenant:
+    return Tenant.objects.create(name="acme")
+
+
+@pytest.fixture
+def api_user(tenant):
+    user = get_user_model().objects.create_user("alice", password="pw-alice-123")
+    TenantMembership.objects.create(user=user, tenant=tenant)
+    return user
+
+
+@pytest.fixture
+def api_client(api_user) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=api_user).key}")
+    return client
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs():
+    """A tiny random GPT-2 target/draft pair with a real tokenizer, built once (seconds)."""
+    from django.conf import settings
+
+    from inference.engine.tiny_models import build_tiny_pair
+
+    return build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
+
+
+@pytest.fixture
+def tiny_model(db, tiny_model_dirs):
+    """The tiny pair registered and promoted as model 'tiny' (the active target)."""
+    from inference.registry import register_pair
+
+    target_dir, draft_dir = tiny_model_dirs
+    return register_pair("tiny", "1", target_dir, draft_dir)

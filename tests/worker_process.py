@@ -1,0 +1,63 @@
+"""Start a real Celery worker process against the test database and the real broker."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+from specops.celery import app
+from tests.helpers import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url(settings_dict: dict) -> str:
+    return (f"postgres://{settings_dict['USER']}@{settings_dict['HOST']}:{settings_dict['PORT']}/"
+            f"{settings_dict['NAME']}")
+
+
+def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None = None) -> subprocess.Popen:
+    """Start ``celery worker -Q queue`` on the test database; return once it answers a ping."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(connection.settings_dict),
+        "DATABASE_REPLICA_URLS": ",".join(
+            database_url({**settings.DATABASES[alias], "NAME": connection.settings_dict["NAME"]})
+            for alias in settings.DATABASE_REPLICAS
+        ),
+        "SPECOPS_WORKER_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+    }
+    if broker_url:
+        env["CELERY_BROKER_URL"] = broker_url
+    node = f"{name}@testhost"
+    log = open(log_path, "w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", queue, "-n", node, "--pool", "prefork",
+         "--concurrency", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    control = app.connection_for_write(broker_url) if broker_url else None
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"worker exited early; see {log_path}")
+        replies = app.control.ping(destination=[node], timeout=1.0, connection=control)
+        return any(node in reply for reply in replies)
+
+    wait_for(answers, timeout=90, interval=0.5, what=f"celery worker {node}")
+    return process
+
+
+def stop_worker(process: subprocess.Popen) -> None:
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
