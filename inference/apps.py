@@ -6,4 +6,5 @@ class InferenceConfig(AppConfig):
     verbose_name = "Inference"
 
     def ready(self) -> None:
+        from inference import prediction_cache  # noqa: F401  (namespace bump on model promotion)
         from inference import worker  # noqa: F401  (connects the worker_process_init handler)

@@ -13,11 +13,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference import token_stream
+from inference import prediction_cache, token_stream
 from inference.metrics import observe_generation
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.worker import residency
 from metadata.models import Candidate, Session, SessionStatus, TokenKind, TokenRecord
+from metadata.session_state import invalidate_session
 from metadata.writers import BufferedWriter
 
 logger = logging.getLogger(__name__)
@@ -81,10 +82,11 @@ class SessionRecorder:
             self.save_progress()
 
     def save_progress(self) -> None:
+        now = timezone.now()
         Session.objects.filter(pk=self.session.pk).update(
-            token_count=len(self.token_ids), text=self.decode(self.token_ids),
-            updated_at=timezone.now(), last_activity_at=timezone.now(),
+            token_count=len(self.token_ids), text=self.decode(self.token_ids), updated_at=now, last_activity_at=now,
         )
+        invalidate_session(self.session.pk)
 
     def flush(self) -> None:
         self.tokens.flush()
@@ -98,6 +100,7 @@ def run_session(session_id) -> str:
         return session.status  # a redelivery of a finished task does nothing
     now = timezone.now()
     Session.objects.filter(pk=session.pk).update(status=SessionStatus.RUNNING, started_at=now, updated_at=now)
+    invalidate_session(session.pk)
     started = time.perf_counter()
     try:
         target = residency.get(session.target)
@@ -121,9 +124,11 @@ def run_session(session_id) -> str:
         _finish(session, SessionStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
         observe_generation(session.drafter, SessionStatus.FAILED, time.perf_counter() - started, None)
         raise
-    stats = decoder.stats.to_dict()
+    stats, text = decoder.stats.to_dict(), tokenizer.decode(recorder.token_ids)
     _finish(session, SessionStatus.SUCCEEDED, finish_reason=finish_reason or "length",
-            token_ids=recorder.token_ids, text=tokenizer.decode(recorder.token_ids), stats=stats)
+            token_ids=recorder.token_ids, text=text, stats=stats)
+    prediction_cache.remember_result(session, text=text, token_count=len(recorder.token_ids),
+                                     finish_reason=finish_reason or "length", stats=stats)
     observe_generation(session.drafter, SessionStatus.SUCCEEDED, time.perf_counter() - started, stats)
     return SessionStatus.SUCCEEDED
 
@@ -137,4 +142,5 @@ def _finish(session: Session, status: str, error: str = "", finish_reason: str =
         fields.update(token_count=len(token_ids), text=text, stats=stats or {})
     with transaction.atomic():
         Session.objects.filter(pk=session.pk).update(**fields)
+        invalidate_session(session.pk)  # runs after the commit
     token_stream.publish(session.pk, "done", {"status": status, "finish_reason": finish_reason, "error": error})

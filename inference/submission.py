@@ -7,6 +7,7 @@ from django.db import transaction
 from rest_framework.exceptions import APIException
 
 from metadata.models import Session, SessionStatus
+from metadata.session_state import invalidate_session
 
 logger = logging.getLogger(__name__)
 
@@ -33,5 +34,6 @@ def submit_generation(serializer, tenant, user) -> Session:
     except Exception as exc:  # broker down: the session must not sit queued forever
         logger.exception("enqueue of session %s failed", session.pk)
         Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED, error=f"enqueue failed: {exc}")
+        invalidate_session(session.pk)
         raise QueueUnavailable() from exc
     return session

@@ -9,5 +9,8 @@ def generate(session_id: str) -> str:
     """Run the speculative generation of one session (idempotent: see generation.run_session)."""
     # Imported here so the web process, which only enqueues, never loads torch and the engine.
     from inference.generation import run_session
+    from metadata.lsn import primary_only
 
-    return run_session(session_id)
+    # The session was written a moment ago by the API: a replica may not have replayed it yet.
+    with primary_only():
+        return run_session(session_id)

@@ -3,6 +3,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+
+# Tools the tests call: promtool (checks the alert rules) and systemd-analyze (the unit files).
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v systemd-analyze >/dev/null || missing+=(systemd)
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]} (Debian packages)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null || { echo "bootstrap: could not install ${missing[*]}" >&2; exit 1; }
+fi
 stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [[ ! -x .venv/bin/python ]]; then

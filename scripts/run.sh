@@ -33,7 +33,7 @@ start() {  # start NAME CMD...: run in the background, log to var/log/NAME.log
   echo "started $name (pid $!, log var/log/$name.log)"
 }
 
-start web .venv/bin/gunicorn specops.wsgi:application --bind "$HOST:$PORT" \
+start web .venv/bin/gunicorn specops.wsgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
   --workers "${WEB_WORKERS:-2}" --threads "${WEB_THREADS:-4}" --worker-class gthread --timeout 120
 gpus=$($PY -c "from specops.celery import visible_gpu_count; print(visible_gpu_count())")
 SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu -n cpu@%h \

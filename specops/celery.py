@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_process_shutdown
 from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
@@ -57,3 +58,12 @@ app.conf.update(
     timezone="UTC",
 )
 app.autodiscover_tasks()
+
+
+@worker_process_shutdown.connect
+def forget_metrics_of_this_process(pid: int | None = None, **kwargs) -> None:
+    """Drop this process's live gauges from the shared metrics directory when it exits."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())

@@ -19,6 +19,8 @@ def _parse(url: str, pool_max_size: int) -> dict[str, Any]:
         raise ValueError(f"{url!r} is not a postgres:// URL")
     if not config.get("NAME"):
         raise ValueError(f"{url!r} names no database")
+    # django-prometheus's wrapper of the same backend: query counts and latencies per alias.
+    config["ENGINE"] = "django_prometheus.db.backends.postgresql"
     config["CONN_MAX_AGE"] = 0  # required by the native pool
     config["OPTIONS"] = {"pool": {"min_size": 1, "max_size": pool_max_size, "timeout": 10}}
     return config
@@ -50,6 +52,9 @@ def database_settings(
         # Tests: the replica receives the test database through WAL, so it mirrors the primary's
         # test NAME while keeping its own host and port.
         config["TEST"] = {"MIRROR": "default"}
+        # A replica that dies between two health probes must not stall a read for long: the
+        # router falls back to the primary when a replica connection cannot be had in 1 s.
+        config["OPTIONS"]["pool"]["timeout"] = 1
         alias = f"{REPLICA_ALIAS_PREFIX}{len(aliases)}"
         databases[alias] = config
         aliases.append(alias)

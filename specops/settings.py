@@ -50,6 +50,9 @@ CACHES = {
 SPECOPS_MODEL_DIR = Path(env.str("SPECOPS_MODEL_DIR", default=str(BASE_DIR / "models")))
 SPECOPS_ARCHIVE_DIR = Path(env.str("SPECOPS_ARCHIVE_DIR", default=str(BASE_DIR / "var" / "archive")))
 SPECOPS_TOKEN_BATCH_SIZE = env.int("SPECOPS_TOKEN_BATCH_SIZE", default=100)
+# Service-level objectives of the API (the seed's budget), drawn on the admin dashboard.
+SPECOPS_SLO_P95_MS = env.float("SPECOPS_SLO_P95_MS", default=300.0)
+SPECOPS_SLO_P99_MS = env.float("SPECOPS_SLO_P99_MS", default=600.0)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -78,6 +81,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "metadata.request_log.RequestLogMiddleware",
+    # After the request log: its own write must not count as the client's write.
+    "metadata.lsn_middleware.ReadYourWritesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -134,9 +140,39 @@ CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=300
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=360)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
+# Latency buckets with edges at the alert thresholds (20 ms DB, 300/600 ms API SLO).
+PROMETHEUS_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.025, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 1, 2.5, 5, 10, float("inf"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+
+# ---------------------------------------------------------------------------------------------
+# Read path (issue 5): replica routing with read-your-writes, two-tier cache, prediction cache.
+# Owned by the read-path module (metadata/routers.py, metadata/cache*.py, inference/prediction_cache.py).
+SPECOPS_REPLICA_PROBE_TTL_S = env.float("SPECOPS_REPLICA_PROBE_TTL_S", default=0.5)  # <= 1 s
+SPECOPS_REPLICA_MAX_LAG_BYTES = env.int("SPECOPS_REPLICA_MAX_LAG_BYTES", default=16 * 1024 * 1024)
+SPECOPS_REPLICA_MAX_PROBE_MS = env.float("SPECOPS_REPLICA_MAX_PROBE_MS", default=100.0)
+SPECOPS_PROBE_DATABASE = env.str("SPECOPS_PROBE_DATABASE", default="postgres")  # probes read server-wide positions
+SPECOPS_EXPOSE_READ_DB = env.bool("SPECOPS_EXPOSE_READ_DB", default=DEBUG)  # X-SpecOps-Read-DB header
+SPECOPS_CACHE_LOCAL_TTL_S = env.float("SPECOPS_CACHE_LOCAL_TTL_S", default=1.0)
+SPECOPS_CACHE_LOCAL_MAXSIZE = env.int("SPECOPS_CACHE_LOCAL_MAXSIZE", default=10_000)
+SPECOPS_CACHE_REDIS_TTL_S = env.float("SPECOPS_CACHE_REDIS_TTL_S", default=45.0)
+SPECOPS_CACHE_LOCK_TTL_S = env.float("SPECOPS_CACHE_LOCK_TTL_S", default=2.0)
+SPECOPS_CACHE_REDIS_RETRY_S = env.float("SPECOPS_CACHE_REDIS_RETRY_S", default=0.5)
+SPECOPS_CACHE_STATS_FLUSH_S = env.float("SPECOPS_CACHE_STATS_FLUSH_S", default=5.0)
+SPECOPS_PREDICTION_CACHE_TTL_S = env.int("SPECOPS_PREDICTION_CACHE_TTL_S", default=3600)
+# The read-path caches' own django-redis alias: same Redis as "default", but a connection that
+# fails at once instead of redis-py's default 10 retries with backoff (3.5 s a call while Redis is
+# down); the caches then read from the database until Redis answers again.
+from redis.backoff import NoBackoff  # noqa: E402
+from redis.retry import Retry  # noqa: E402
+
+CACHES["read_path"] = {
+    **CACHES["default"],
+    "OPTIONS": {**CACHES["default"]["OPTIONS"], "CONNECTION_POOL_KWARGS": {"retry": Retry(NoBackoff(), 0)}},
+}
+# ---------------------------------------------------------------------------------------------

@@ -2,7 +2,10 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from specops.admin_views import dashboard
+
 urlpatterns = [
+    path("admin/dashboard/", admin.site.admin_view(dashboard), name="specops-dashboard"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("metadata.api.urls")),

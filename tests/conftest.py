@@ -6,7 +6,24 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from metadata import lsn
 from metadata.models import Tenant, TenantMembership
+
+
+@pytest.fixture(autouse=True)
+def reads_on_the_primary_unless_the_test_uses_every_database(request):
+    """A test that did not ask for the replica aliases reads from the primary only.
+
+    The router sends reads to a replica when it has replayed the caller's writes; Django refuses
+    queries to aliases a test did not declare, and a plain (transaction-wrapped) test's rows never
+    reach a replica anyway. Tests of the read path declare ``databases="__all__"``.
+    """
+    marker = request.node.get_closest_marker("django_db")
+    if marker and marker.kwargs.get("databases") == "__all__":
+        yield
+        return
+    with lsn.primary_only():
+        yield
 
 
 @pytest.fixture

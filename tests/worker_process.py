@@ -10,7 +10,6 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
-from specops.celery import app
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,19 +41,24 @@ def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None =
          "--concurrency", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    control = app.connection_for_write(broker_url) if broker_url else None
 
-    def answers() -> bool:
+    def ready() -> bool:
+        """The worker logs '<node> ready.' once it consumes (whatever the broker)."""
         if process.poll() is not None:
             raise AssertionError(f"worker exited early; see {log_path}")
-        replies = app.control.ping(destination=[node], timeout=1.0, connection=control)
-        return any(node in reply for reply in replies)
+        return f"{node} ready." in log_path.read_text()
 
-    wait_for(answers, timeout=90, interval=0.5, what=f"celery worker {node}")
+    try:
+        wait_for(ready, timeout=90, interval=0.25, what=f"celery worker {node}")
+    except BaseException:
+        stop_worker(process)  # never leave a worker behind: it would hold its queues for the next run
+        raise
     return process
 
 
 def stop_worker(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
     os.killpg(process.pid, signal.SIGTERM)
     try:
         process.wait(timeout=30)

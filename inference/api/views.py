@@ -9,6 +9,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
+from inference import prediction_cache
 from inference.api.serializers import (
     GenerationAcceptedSerializer, GenerationRequestSerializer, ModelVersionSerializer,
 )
@@ -20,21 +21,25 @@ from metadata.tenancy import tenant_of
 class GenerationViewSet(viewsets.GenericViewSet):
     serializer_class = GenerationRequestSerializer
 
-    @extend_schema(responses={202: GenerationAcceptedSerializer})
+    @extend_schema(responses={202: GenerationAcceptedSerializer, 200: GenerationAcceptedSerializer})
     def create(self, request):
         tenant = tenant_of(request.user)
         if tenant is None:
             raise PermissionDenied("this user belongs to no tenant.")
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        session = submit_generation(serializer, tenant=tenant, user=request.user)
+        cached = prediction_cache.serve_from_cache(serializer.validated_data, serializer.params(), tenant,
+                                                   request.user)
+        session = cached or submit_generation(serializer, tenant=tenant, user=request.user)
         url = request.build_absolute_uri(reverse("session-detail", args=[session.pk]))
         body = {
             "id": session.pk, "status": session.status, "queue": session.queue, "url": url,
             "stream_url": request.build_absolute_uri(reverse("session-stream", args=[session.pk])),
             "tokens_url": request.build_absolute_uri(reverse("session-tokens", args=[session.pk])),
         }
-        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": url})
+        # A deterministic request answered from the prediction cache is already done: 200, not 202.
+        code = status.HTTP_200_OK if cached else status.HTTP_202_ACCEPTED
+        return Response(body, status=code, headers={"Location": url})
 
 
 class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
