@@ -1,5 +1,7 @@
 from django.contrib import admin
 
+from metadata import admin_partitions  # noqa: F401  (archival jobs and the partitions page)
+
 from metadata.models import Session, Tenant, TenantMembership
 
 

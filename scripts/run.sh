@@ -15,7 +15,7 @@ $PY manage.py migrate --no-input -v0
 $PY manage.py collectstatic --no-input -v0
 $PY manage.py create_operator
 $PY manage.py build_demo_models
-$PY manage.py setup_schedules
+$PY manage.py partitions schedule
 
 pids=()
 stop() {

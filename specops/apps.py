@@ -7,3 +7,4 @@ class SpecOpsConfig(AppConfig):
 
     def ready(self) -> None:
         from specops import checks  # noqa: F401  (registers the system checks)
+        from specops import tasks  # noqa: F401  (its beat task must be known wherever beat jobs are routed)

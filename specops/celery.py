@@ -46,7 +46,12 @@ app.conf.update(
     task_queues=[Queue(CPU_QUEUE), Queue(MAINTENANCE_QUEUE)],
     task_create_missing_queues=True,
     task_default_queue=CPU_QUEUE,
-    task_routes={"metadata.tasks.*": {"queue": MAINTENANCE_QUEUE}},
+    # Beat jobs (partition rotation, index rotation, cache snapshots, gauges) never wait behind
+    # a generation on a model queue.
+    task_routes={
+        "metadata.*": {"queue": MAINTENANCE_QUEUE},
+        "specops.*": {"queue": MAINTENANCE_QUEUE},
+    },
     # Model queues: one task at a time per process, acknowledged after it ran, redelivered when
     # the worker dies (writes are idempotent, so a redelivery duplicates nothing).
     worker_prefetch_multiplier=1,

@@ -55,6 +55,8 @@ def database_settings(
         # A replica that dies between two health probes must not stall a read for long: the
         # router falls back to the primary when a replica connection cannot be had in 1 s.
         config["OPTIONS"]["pool"]["timeout"] = 1
+        # Replicas are restarted and rebuilt under us: the pool checks a connection before use.
+        config["CONN_HEALTH_CHECKS"] = True
         alias = f"{REPLICA_ALIAS_PREFIX}{len(aliases)}"
         databases[alias] = config
         aliases.append(alias)

@@ -7,11 +7,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
 
 from inference import token_stream
 from metadata.api.serializers import CandidateSerializer, SessionSerializer, TokenSerializer
 from metadata.models import Candidate, Session, TokenRecord
 from metadata.pagination import CandidatePagination, SessionPagination, TokenPagination
+from metadata.session_state import get_session_detail
 from metadata.tenancy import tenant_of
 
 
@@ -21,6 +24,18 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def get_queryset(self):
         return Session.objects.filter(tenant=tenant_of(self.request.user)).select_related("target")
+
+    def retrieve(self, request, pk=None):
+        """One session, read through the two-tier cache (never older than the caller's writes)."""
+        try:
+            session = get_session_detail(pk)
+        except ValueError:  # not a UUID
+            session = None
+        tenant = tenant_of(request.user)
+        if session is None or tenant is None or session.tenant_id != tenant.pk:
+            raise NotFound()  # another tenant's session is as absent as a missing one
+        self.check_object_permissions(request, session)
+        return Response(self.get_serializer(session).data)
 
     def _history(self, model, serializer_class, pagination_class):
         session = self.get_object()  # 404 for another tenant's session

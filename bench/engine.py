@@ -1,0 +1,228 @@
+"""Speculative decoding benchmark on the demo pair: every method, the same held-out prompts, one run.
+
+    .venv/bin/python bench/engine.py [--model-dir models] [--device cpu|cuda] [--prompts 12]
+
+Methods: target-only greedy with HF `generate` and with our plain loop (the faster is the
+baseline), HF assisted generation (`assistant_model=draft`, constant schedule, same draft
+length, no confidence threshold), and ours with the draft-model chain, the n-gram and the tree
+drafter; plus the chain at the tree's node budget for the tree-vs-chain comparison. Each method
+is warmed up, then timed `--repeats` times over all prompts (methods interleaved, so load
+drifts hit them alike); tokens/s is the median. The last line is machine readable:
+
+RESULT greedy_identical=<bool> speedup_vs_baseline=<x> speedup_vs_hf_assisted=<x>
+       tree_over_chain_accept_len=<x> acceptance=<alpha at gamma=4>   (one line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from inference.engine import (  # noqa: E402
+    DraftConfig,
+    GenerationConfig,
+    GenerationStats,
+    SpeculativeDecoder,
+    build_drafter,
+    generate_plain,
+)
+
+Runner = Callable[[list[int]], tuple[list[int], GenerationStats | None]]
+
+
+@dataclass
+class Method:
+    """One way to generate, its outputs on every prompt and its timings."""
+
+    name: str
+    run: Runner
+    ours: bool = True
+    outputs: list[list[int]] = field(default_factory=list)
+    tokens_per_second: list[float] = field(default_factory=list)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def measure(self, prompts: list[list[int]], sync: Callable[[], None]) -> None:
+        outputs, tokens, stats = [], 0, GenerationStats()
+        started = time.perf_counter()
+        for prompt in prompts:
+            generated, generation_stats = self.run(prompt)
+            outputs.append(generated)
+            tokens += len(generated)
+            if generation_stats is not None:
+                stats.merge(generation_stats)
+        sync()
+        self.tokens_per_second.append(tokens / (time.perf_counter() - started))
+        self.outputs, self.stats = outputs, stats
+
+    @property
+    def median_tps(self) -> float:
+        return statistics.median(self.tokens_per_second)
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """E = (1 - a^(g+1)) / (1 - a): tokens per step for i.i.d. acceptance a and draft length g."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def load_pair(args: argparse.Namespace):
+    """Target, draft and tokenizer through the same loading path as production."""
+    target_dir = Path(args.target or Path(args.model_dir) / "demo-target")
+    draft_dir = Path(args.draft or Path(args.model_dir) / "demo-draft")
+    for directory in (target_dir, draft_dir):
+        if not (directory / "config.json").is_file():
+            sys.exit(f"error: no model in {directory}; build the demo pair first "
+                     "(python manage.py build_demo_models)")
+    from inference.engine.loading import load_model_pair
+
+    target, draft = load_model_pair(target_dir, draft_dir, device=args.device)
+    return target.model, draft.model, target.tokenizer
+
+
+def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
+    path = Path(args.prompts_file or Path(args.model_dir) / "heldout_prompts.json")
+    if not path.is_file():
+        sys.exit(f"error: no held-out prompts at {path}")
+    from inference.engine.demo_prompts import load_heldout_prompts
+
+    texts = load_heldout_prompts(path)[: args.prompts]
+    return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+
+
+def hf_runner(target, eos: int | None, max_new: int, assistant=None) -> Runner:
+    def run(prompt: list[int]) -> tuple[list[int], None]:
+        input_ids = torch.tensor([prompt], device=target.device)
+        with torch.inference_mode():
+            output = target.generate(
+                input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new,
+                do_sample=False, eos_token_id=eos, pad_token_id=eos if eos is not None else 0,
+                assistant_model=assistant)
+        return output[0, len(prompt):].tolist(), None
+    return run
+
+
+def ours_runner(target, drafter, generation: GenerationConfig) -> Runner:
+    decoder = SpeculativeDecoder(target, drafter)
+
+    def run(prompt: list[int]) -> tuple[list[int], GenerationStats]:
+        result = decoder.generate(prompt, generation)
+        return result.token_ids, result.stats
+    return run
+
+
+def configure_assistant(draft, gamma: int) -> None:
+    """HF assisted generation with a constant draft length and no early stop on confidence."""
+    draft.generation_config.num_assistant_tokens = gamma
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+
+
+def build_methods(args, target, draft, eos) -> list[Method]:
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
+
+    def ours(name: str, kind: str, **config) -> Method:
+        drafter = build_drafter(kind, target=target, draft=draft, config=DraftConfig(**config))
+        return Method(name, ours_runner(target, drafter, generation))
+
+    configure_assistant(draft, args.gamma)
+    budget = args.node_budget
+    return [
+        Method("hf_generate_greedy", hf_runner(target, eos, args.max_new_tokens), ours=False),
+        Method("ours_plain_greedy", lambda p: (
+            (r := generate_plain(target, p, generation)).token_ids, r.stats)),
+        Method("hf_assisted", hf_runner(target, eos, args.max_new_tokens, draft), ours=False),
+        ours("ours_draft_model", "draft_model", length=args.gamma),
+        ours("ours_draft_model_adaptive", "draft_model", length=args.gamma, adaptive=True,
+             min_length=1, max_length=2 * args.gamma),
+        ours("ours_ngram", "ngram", length=args.gamma),
+        ours(f"ours_chain_{budget}", "draft_model", length=budget),
+        ours(f"ours_tree_{budget}", "tree", tree_width=args.tree_width,
+             tree_depth=args.tree_depth, node_budget=budget),
+    ]
+
+
+def report(methods: list[Method], args) -> str:
+    by_name = {method.name: method for method in methods}
+    reference = by_name["hf_generate_greedy"].outputs
+    print(f"{'method':28} {'tok/s':>8} {'accept':>7} {'len':>6} {'E':>6} {'steps':>6} "
+          f"{'draft s':>8} {'verify s':>8} identical")
+    for method in methods:
+        stats = method.stats
+        alpha = stats.acceptance_rate
+        gamma = len(stats.drafted_per_position)
+        bound = expected_tokens_per_step(alpha, gamma) if stats.drafted else float("nan")
+        identical = method.outputs == reference
+        print(f"{method.name:28} {method.median_tps:8.1f} {alpha:7.3f} "
+              f"{stats.mean_accepted_length:6.2f} {bound:6.2f} {stats.steps:6d} "
+              f"{stats.draft_seconds:8.2f} {stats.verify_seconds:8.2f} {identical}")
+    baseline_name = max(("hf_generate_greedy", "ours_plain_greedy"),
+                        key=lambda name: by_name[name].median_tps)
+    chain = by_name["ours_draft_model"]
+    speedup = chain.median_tps / by_name[baseline_name].median_tps
+    vs_assisted = chain.median_tps / by_name["hf_assisted"].median_tps
+    tree_over_chain = (by_name[f"ours_tree_{args.node_budget}"].stats.mean_accepted_length
+                       / by_name[f"ours_chain_{args.node_budget}"].stats.mean_accepted_length)
+    alpha = chain.stats.acceptance_rate
+    identical = all(method.outputs == reference for method in methods if method.ours)
+    print(f"baseline={baseline_name} ({by_name[baseline_name].median_tps:.1f} tok/s); "
+          f"draft_model gamma={args.gamma}: alpha={alpha:.3f}, mean accepted length "
+          f"{chain.stats.mean_accepted_length:.2f} vs E={expected_tokens_per_step(alpha, args.gamma):.2f}; "
+          f"per-position acceptance {[round(a, 3) for a in chain.stats.acceptance_per_position]}")
+    return (f"RESULT greedy_identical={str(identical).lower()} speedup_vs_baseline={speedup:.2f} "
+            f"speedup_vs_hf_assisted={vs_assisted:.2f} "
+            f"tree_over_chain_accept_len={tree_over_chain:.2f} acceptance={alpha:.3f}")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model-dir", default=os.environ.get("SPECOPS_MODEL_DIR", "models"))
+    parser.add_argument("--target", help="target model directory (default: MODEL_DIR/demo-target)")
+    parser.add_argument("--draft", help="draft model directory (default: MODEL_DIR/demo-draft)")
+    parser.add_argument("--prompts-file", help="default: MODEL_DIR/heldout_prompts.json")
+    parser.add_argument("--prompts", type=int, default=12, help="how many held-out prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=4, help="chain draft length")
+    parser.add_argument("--node-budget", type=int, default=8, help="tree vs chain node budget")
+    parser.add_argument("--tree-width", type=int, default=4)
+    parser.add_argument("--tree-depth", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    target, draft, tokenizer = load_pair(args)
+    prompts = load_prompts(args, tokenizer)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    methods = build_methods(args, target, draft, tokenizer.eos_token_id)
+    print(f"device={args.device} threads={torch.get_num_threads()} prompts={len(prompts)} "
+          f"max_new_tokens={args.max_new_tokens} gamma={args.gamma} node_budget={args.node_budget} "
+          f"tree={args.tree_width}x{args.tree_depth} repeats={args.repeats}")
+    for method in methods:  # warm-up: allocator, lazy inits, HF generation config caches
+        method.run(prompts[0])
+    for _ in range(args.repeats):
+        for method in methods:
+            method.measure(prompts, sync)
+    print(report(methods, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

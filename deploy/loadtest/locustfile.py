@@ -1,0 +1,268 @@
+"""SpecOps load test: the API paths a speculative-decoding client hammers, measured against the SLO.
+
+Two kinds of users:
+
+- ``GenerationUser`` creates a generation, polls the session until it is done, then pages through
+  its tokens with the keyset cursor (and reads the first page of candidates).
+- ``BurstReader`` reads one session's state many times in a row, as a crowd of pollers does; this
+  is the read path the two-tier cache and request coalescing exist for.
+
+Run it through ``deploy/loadtest/run.sh`` (headless, bounded, SLO verdict). Settings come from the
+environment: ``SPECOPS_TOKEN`` (required, ``manage.py drf_create_token operator``) and the
+``SPECOPS_LOAD_*`` variables below. Every URL the API returns is reduced to its path, so requests
+only ever go to the host locust was given. The test stops by itself after ``--run-time`` or after
+``SPECOPS_LOAD_MAX_REQUESTS`` requests, whichever comes first.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+import statistics
+import time
+from collections import deque
+from urllib.parse import urlsplit
+
+import gevent
+from locust import HttpUser, between, events, task
+
+logger = logging.getLogger("specops.loadtest")
+
+DEFAULT_HOST = "http://127.0.0.1:8000"
+API = "/api/v1"
+TERMINAL_STATUSES = ("succeeded", "failed")
+ALL_DRAFTERS = ("draft_model", "tree", "ngram", "none")
+NEEDS_DRAFT_MODEL = ("draft_model", "tree")
+PROMPTS = (
+    "def parse(text):\n    ",
+    "import os\nimport sys\n\n\ndef main(argv):\n    ",
+    "class Cache:\n    def __init__(self, size):\n        ",
+    "for key, value in sorted(items.items()):\n    ",
+    '"""Return the number of lines in a file."""\n',
+)
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise SystemExit(f"{name} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise SystemExit(f"{name} must be greater than 0, got {raw!r}")
+    return value
+
+
+def _env_drafters() -> tuple[str, ...]:
+    raw = os.environ.get("SPECOPS_LOAD_DRAFTERS", ",".join(ALL_DRAFTERS))
+    drafters = tuple(d.strip() for d in raw.split(",") if d.strip())
+    unknown = [d for d in drafters if d not in ALL_DRAFTERS]
+    if not drafters or unknown:
+        raise SystemExit(f"SPECOPS_LOAD_DRAFTERS must list some of {', '.join(ALL_DRAFTERS)}; got {raw!r}")
+    return drafters
+
+
+MAX_REQUESTS = _env_int("SPECOPS_LOAD_MAX_REQUESTS", 20_000)
+MAX_NEW_TOKENS = _env_int("SPECOPS_LOAD_MAX_NEW_TOKENS", 16)
+TOKEN_PAGE_SIZE = _env_int("SPECOPS_LOAD_TOKEN_PAGE_SIZE", 8)
+BURST_READS = _env_int("SPECOPS_LOAD_BURST_READS", 20)
+POLL_INTERVAL_S = _env_float("SPECOPS_LOAD_POLL_INTERVAL_S", 0.25)
+GENERATION_TIMEOUT_S = _env_float("SPECOPS_LOAD_GENERATION_TIMEOUT_S", 60.0)
+DRAFTERS = _env_drafters()
+
+# Shared by the users of this process (gevent greenlets: no locking needed).
+known_sessions: deque[str] = deque(maxlen=500)
+generation_results: list[tuple[str, float, int]] = []  # (final status, seconds to done, tokens)
+_request_count = itertools.count(1)
+_stopping = False
+_runner = None  # set at test start; the max-requests stop needs it
+
+
+def path_of(url: str) -> str:
+    """The path and query of an absolute URL the API returned, so traffic stays on our host."""
+    parts = urlsplit(url)
+    return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+def describe(response) -> str:
+    """Why a response failed, in one line: its status and body, or the connection error."""
+    if not response.status_code:
+        return f"no response: {response.error}"
+    return f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def with_query(path: str, **params: object) -> str:
+    query = "&".join(f"{key}={value}" for key, value in params.items())
+    return path + ("&" if "?" in path else "?") + query
+
+
+@events.request.add_listener
+def _stop_after_max_requests(**_kwargs) -> None:
+    global _stopping
+    if next(_request_count) >= MAX_REQUESTS and not _stopping and _runner is not None:
+        _stopping = True
+        logger.warning("reached SPECOPS_LOAD_MAX_REQUESTS=%d: stopping", MAX_REQUESTS)
+        gevent.spawn(_runner.quit)  # not from this greenlet: quit() kills the users' greenlets
+
+
+@events.test_start.add_listener
+def _on_test_start(environment, **_kwargs) -> None:
+    global _runner
+    _runner = environment.runner
+    if not os.environ.get("SPECOPS_TOKEN"):
+        logger.error("SPECOPS_TOKEN is not set (create one: manage.py drf_create_token operator)")
+        gevent.spawn(environment.runner.quit)
+
+
+@events.quitting.add_listener
+def _print_generation_summary(**_kwargs) -> None:
+    done = [r for r in generation_results if r[0] == "succeeded"]
+    if not generation_results:
+        return
+    seconds = sorted(r[1] for r in done)
+    tokens = sum(r[2] for r in done)
+    line = f"generations: {len(generation_results)} finished or timed out, {len(done)} succeeded"
+    if seconds:
+        p95 = seconds[min(len(seconds) - 1, int(0.95 * len(seconds)))]
+        line += (f"; time to done p50 {statistics.median(seconds):.2f} s, p95 {p95:.2f} s; "
+                 f"{tokens / sum(seconds):.1f} tokens/s per generation, queue wait included")
+    print(line, flush=True)
+
+
+class SpecOpsUser(HttpUser):
+    """Token auth on every request; the host defaults to the local web process."""
+
+    abstract = True
+    host = DEFAULT_HOST
+
+    def on_start(self) -> None:
+        self.client.headers["Authorization"] = f"Token {os.environ.get('SPECOPS_TOKEN', '')}"
+        self.client.headers["Accept"] = "application/json"
+
+
+class GenerationUser(SpecOpsUser):
+    """Create → poll until done → page through tokens by cursor → first page of candidates."""
+
+    weight = 1
+    wait_time = between(0.5, 2.0)
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.drafters = self._usable_drafters()
+
+    def _usable_drafters(self) -> tuple[str, ...]:
+        """Leave out the drafters that need a draft model when the active target has none."""
+        with self.client.get(f"{API}/models/", name=f"{API}/models/", catch_response=True) as response:
+            if response.status_code != 200:
+                response.failure(f"listing models: {describe(response)}")
+                return DRAFTERS
+            body = response.json()
+        models = body.get("results", body) if isinstance(body, dict) else body
+        targets = [m for m in models if m.get("role") == "target" and m.get("status") == "active"]
+        if targets and all(m.get("default_draft") is None for m in targets):
+            usable = tuple(d for d in DRAFTERS if d not in NEEDS_DRAFT_MODEL)
+            return usable or DRAFTERS
+        return DRAFTERS
+
+    @task
+    def generate(self) -> None:
+        request = {
+            "prompt": random.choice(PROMPTS), "max_new_tokens": MAX_NEW_TOKENS,
+            "drafter": random.choice(self.drafters), "temperature": 0.0, "seed": random.randrange(2**31),
+        }
+        with self.client.post(f"{API}/generations/", json=request, name=f"{API}/generations/",
+                              catch_response=True) as response:
+            if response.status_code != 202:
+                response.failure(describe(response))
+                return
+            created = response.json()
+        known_sessions.append(str(created["id"]))
+        started = time.monotonic()
+        session = self._poll_until_done(path_of(created["url"]))
+        if session is None:
+            generation_results.append(("timeout", time.monotonic() - started, 0))
+            return
+        generation_results.append((session["status"], time.monotonic() - started, session["token_count"]))
+        if session["status"] == "succeeded":
+            self._page_tokens(path_of(created["tokens_url"]), expected=session["token_count"])
+            self._first_candidates_page(str(created["id"]))
+
+    def _poll_until_done(self, session_path: str) -> dict | None:
+        deadline = time.monotonic() + GENERATION_TIMEOUT_S
+        while True:
+            with self.client.get(session_path, name=f"{API}/sessions/[id]/", catch_response=True) as response:
+                if response.status_code != 200:
+                    response.failure(describe(response))
+                    return None
+                session = response.json()
+                if session["status"] == "failed":
+                    response.failure(f"generation failed: {(session.get('error') or '')[:200]}")
+                    return session
+                if session["status"] in TERMINAL_STATUSES:
+                    return session
+                if time.monotonic() > deadline:
+                    response.failure(f"generation not done after {GENERATION_TIMEOUT_S:g} s "
+                                     f"(status {session['status']}): is a worker consuming its queue?")
+                    return None
+            gevent.sleep(POLL_INTERVAL_S)
+
+    def _page_tokens(self, tokens_path: str, expected: int) -> None:
+        """Follow ``next`` to the end; positions must run 0, 1, 2, ... without gap or repeat."""
+        url, positions = with_query(tokens_path, page_size=TOKEN_PAGE_SIZE), []
+        while url:
+            with self.client.get(url, name=f"{API}/sessions/[id]/tokens/", catch_response=True) as response:
+                if response.status_code != 200:
+                    response.failure(describe(response))
+                    return
+                page = response.json()
+                positions.extend(row["position"] for row in page["results"])
+                if page["next"] and not page["results"]:
+                    response.failure("an empty page with a next cursor")
+                    return
+                if not page["next"] and positions != list(range(expected)):
+                    response.failure(f"pages gave positions {positions[:5]}... ({len(positions)}), "
+                                     f"want 0..{expected - 1}")
+            url = path_of(page["next"]) if page["next"] else None
+
+    def _first_candidates_page(self, session_id: str) -> None:
+        self.client.get(f"{API}/sessions/{session_id}/candidates/?page_size=20",
+                        name=f"{API}/sessions/[id]/candidates/")
+
+
+class BurstReader(SpecOpsUser):
+    """Read one session's state ``SPECOPS_LOAD_BURST_READS`` times back to back."""
+
+    weight = 1
+    wait_time = between(0.5, 1.5)
+
+    @task
+    def burst(self) -> None:
+        if not known_sessions:
+            self._discover_sessions()
+            if not known_sessions:
+                return
+        session_id = random.choice(known_sessions)
+        for _ in range(BURST_READS):
+            with self.client.get(f"{API}/sessions/{session_id}/", name=f"{API}/sessions/[id]/ (burst)",
+                                 catch_response=True) as response:
+                if response.status_code != 200:
+                    response.failure(describe(response))
+                    return
+
+    def _discover_sessions(self) -> None:
+        with self.client.get(f"{API}/sessions/?page_size=50", name=f"{API}/sessions/",
+                             catch_response=True) as response:
+            if response.status_code != 200:
+                response.failure(describe(response))
+                return
+            known_sessions.extend(str(row["id"]) for row in response.json()["results"])

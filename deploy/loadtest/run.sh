@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Headless, bounded SpecOps load test (locust), judged against the SLO: p95 < 300 ms, p99 < 600 ms,
+# errors < 0.5 %. Exit status: 0 the SLO held, 1 it was broken, 2 the run could not be judged or
+# an argument is wrong.
+#
+#   SPECOPS_TOKEN=<key> deploy/loadtest/run.sh [options] [USER_CLASS ...]
+#
+#   -H, --host URL          target (default $SPECOPS_LOAD_HOST or http://127.0.0.1:8000); only
+#                           loopback hosts unless SPECOPS_LOAD_ALLOW_REMOTE=1
+#   -u, --users N           concurrent users (default 20)
+#   -r, --spawn-rate N      users started per second (default 5)
+#   -t, --run-time T        duration, e.g. 60s, 5m, 1m30s (default 60s, at most 1h)
+#   -n, --max-requests N    stop after N requests even if time is left (default 20000)
+#   -o, --out DIR           CSV and log folder (default var/loadtest/<UTC timestamp>)
+#       --p95-ms / --p99-ms / --max-error-ratio   SLO thresholds (300 / 600 / 0.005)
+#       --dry-run           print the locust command and exit
+#   USER_CLASS              GenerationUser and/or BurstReader (default: both)
+#
+# GenerationUser needs a running worker for the model's queue, else every generation times out.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+die() { echo "loadtest: $*" >&2; exit 2; }
+
+HOST=${SPECOPS_LOAD_HOST:-http://127.0.0.1:8000}
+USERS=20 RATE=5 RUN_TIME=60s MAX_REQUESTS=20000 OUT="" DRY_RUN=0
+P95_MS=300 P99_MS=600 MAX_ERROR_RATIO=0.005
+CLASSES=()
+LOCUST=${LOCUST:-.venv/bin/locust}
+PY=${PYTHON:-.venv/bin/python}
+
+need_value() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    -H|--host) need_value "$@"; HOST=$2; shift 2 ;;
+    -u|--users) need_value "$@"; USERS=$2; shift 2 ;;
+    -r|--spawn-rate) need_value "$@"; RATE=$2; shift 2 ;;
+    -t|--run-time) need_value "$@"; RUN_TIME=$2; shift 2 ;;
+    -n|--max-requests) need_value "$@"; MAX_REQUESTS=$2; shift 2 ;;
+    -o|--out) need_value "$@"; OUT=$2; shift 2 ;;
+    --p95-ms) need_value "$@"; P95_MS=$2; shift 2 ;;
+    --p99-ms) need_value "$@"; P99_MS=$2; shift 2 ;;
+    --max-error-ratio) need_value "$@"; MAX_ERROR_RATIO=$2; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    GenerationUser|BurstReader) CLASSES+=("$1"); shift ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) die "unknown user class $1: use GenerationUser and/or BurstReader" ;;
+  esac
+done
+
+positive_int() { [[ $2 =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"; }
+positive_num() { [[ $2 =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] && [[ ! $2 =~ ^0*\.?0*$ ]] ||
+  die "$1 must be a number greater than 0, got '$2'"; }
+positive_int --users "$USERS"
+positive_num --spawn-rate "$RATE"
+positive_int --max-requests "$MAX_REQUESTS"
+positive_num --p95-ms "$P95_MS"
+positive_num --p99-ms "$P99_MS"
+positive_num --max-error-ratio "$MAX_ERROR_RATIO"
+
+# Run time → seconds (locust's own syntax: 90, 90s, 5m, 1h30m), bounded to one hour.
+[[ $RUN_TIME =~ ^[0-9]+$ ]] && RUN_TIME=${RUN_TIME}s
+[[ $RUN_TIME =~ ^([0-9]+h)?([0-9]+m)?([0-9]+s)?$ && -n $RUN_TIME ]] ||
+  die "--run-time must look like 60s, 5m or 1m30s, got '$RUN_TIME'"
+seconds=0 rest=$RUN_TIME
+while [[ $rest =~ ^([0-9]+)([hms])(.*)$ ]]; do
+  n=$((10#${BASH_REMATCH[1]}))
+  case ${BASH_REMATCH[2]} in h) seconds=$((seconds + n * 3600)) ;; m) seconds=$((seconds + n * 60)) ;; s) seconds=$((seconds + n)) ;; esac
+  rest=${BASH_REMATCH[3]}
+done
+((seconds >= 1 && seconds <= 3600)) || die "--run-time must be from 1s to 1h, got '$RUN_TIME'"
+
+# Loopback only, unless the operator says otherwise: a load test must not hit a shared system by accident.
+[[ $HOST =~ ^https?://([^/:]+|\[[^]]+\])(:[0-9]+)?/?$ ]] || die "--host must be http(s)://HOST[:PORT], got '$HOST'"
+host_name=${BASH_REMATCH[1]}
+if [[ ! $host_name =~ ^(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::1\])$ && ${SPECOPS_LOAD_ALLOW_REMOTE:-0} != 1 ]]; then
+  die "refusing to load-test $host_name: not a loopback address (set SPECOPS_LOAD_ALLOW_REMOTE=1 to allow)"
+fi
+
+OUT=${OUT:-var/loadtest/$(date -u +%Y%m%dT%H%M%SZ)}
+cmd=("$LOCUST" -f deploy/loadtest/locustfile.py --headless --host "$HOST" -u "$USERS" -r "$RATE"
+     -t "$RUN_TIME" --stop-timeout 5 --csv "$OUT/locust" --only-summary --exit-code-on-error 0
+     ${CLASSES[@]+"${CLASSES[@]}"})
+if ((DRY_RUN)); then
+  printf '%q ' "SPECOPS_LOAD_MAX_REQUESTS=$MAX_REQUESTS" "${cmd[@]}"; echo
+  exit 0
+fi
+
+[[ -n ${SPECOPS_TOKEN:-} ]] || die "SPECOPS_TOKEN is not set (create one: .venv/bin/python manage.py drf_create_token operator)"
+[[ -x $LOCUST ]] || die "$LOCUST not found (pip install -r requirements.txt into .venv)"
+mkdir -p "$OUT"
+echo "loadtest: $USERS users (+$RATE/s) for $RUN_TIME or $MAX_REQUESTS requests against $HOST; output in $OUT"
+
+# timeout: the run stops by itself even if locust hangs (its own --run-time + stop timeout + slack).
+set +e
+SPECOPS_LOAD_MAX_REQUESTS=$MAX_REQUESTS timeout --kill-after=15 $((seconds + 60)) "${cmd[@]}" >"$OUT/locust.log" 2>&1
+rc=$?
+set -e
+grep -E '^generations:' "$OUT/locust.log" || true
+if ((rc != 0)); then
+  tail -n 20 "$OUT/locust.log" >&2
+  die "locust exited with status $rc (log: $OUT/locust.log)"
+fi
+exec "$PY" deploy/loadtest/slo_check.py "$OUT/locust_stats.csv" \
+  --p95-ms "$P95_MS" --p99-ms "$P99_MS" --max-error-ratio "$MAX_ERROR_RATIO"

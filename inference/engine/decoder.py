@@ -1,0 +1,164 @@
+"""The speculative loop: draft, verify in one target forward, keep the accepted path, repeat.
+
+Invariant between steps: the target's KV cache holds every context token but the last one
+(the "pending" token, which the target has produced but not yet read). A step feeds the
+pending token followed by the draft tree in one forward (on the first step the whole prompt
+goes in the same forward), so row 0 of the logits predicts the first draft position and row
+1 + i predicts the children of node i. The cache then keeps the accepted nodes only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from inference.engine.config import GenerationConfig
+from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.errors import ConfigError, PromptTooLongError
+from inference.engine.kv_cache import keep_accepted, new_cache
+from inference.engine.modeling import context_length, forward_logits
+from inference.engine.outputs import Branch, GenerationResult, StepOutput
+from inference.engine.sampling import SamplingParams, warp_probs
+from inference.engine.schedule import DraftLengthSchedule
+from inference.engine.stats import GenerationStats
+from inference.engine.stopping import StopCondition
+from inference.engine.tree import DraftTree, tree_attention_mask, tree_position_ids
+from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A seeded generator makes a sampled run reproducible; None uses torch's global RNG."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def sampling_params(config: GenerationConfig) -> SamplingParams | None:
+    if config.greedy:
+        return None
+    return SamplingParams(config.temperature, config.top_k, config.top_p)
+
+
+def check_prompt(prompt_ids: list[int], model: PreTrainedModel, max_new_tokens: int) -> int:
+    """Refuse a prompt with no room left; return max_new_tokens clamped to the room there is."""
+    if not prompt_ids:
+        raise ConfigError("prompt_ids: must hold at least one token")
+    vocab = model.get_input_embeddings().num_embeddings
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+        raise ConfigError(f"prompt_ids: every token id must be in [0, {vocab})")
+    context = context_length(model)
+    if len(prompt_ids) + 1 > context:
+        raise PromptTooLongError(len(prompt_ids), context)
+    return min(max_new_tokens, context - len(prompt_ids))
+
+
+def branches_of(tree: DraftTree, accepted_nodes: list[int]) -> list[Branch]:
+    """Every root-to-leaf branch with its draft score and how far the target accepted it."""
+    branches = []
+    for leaf in tree.leaves():
+        path = tree.path_to(leaf)
+        accepted_len = 0
+        while accepted_len < min(len(path), len(accepted_nodes)) \
+                and path[accepted_len] == accepted_nodes[accepted_len]:
+            accepted_len += 1
+        branches.append(Branch(
+            token_ids=tuple(tree.token_ids[node] for node in path),
+            score=sum(tree.log_probs[node] for node in path),
+            accepted_len=accepted_len,
+        ))
+    return branches
+
+
+class SpeculativeDecoder:
+    """Generates from `target` with any drafter; greedy output equals the target's own greedy.
+
+    One generation at a time: the decoder and its drafter hold per-generation state (KV caches,
+    `stats`), so a worker process keeps one decoder per concurrent generation.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.decode = decode
+        self.context_length = context_length(target)
+        self.device = target.device
+        self.stats = GenerationStats()
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationResult:
+        tokens: list[int] = []
+        finish_reason = None
+        for step in self.stream(prompt_ids, config):
+            tokens.extend(step.token_ids)
+            finish_reason = step.finish_reason
+        return GenerationResult(tokens, finish_reason or "length", self.stats)
+
+    def stream(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[StepOutput]:
+        """Yield one StepOutput per verification step until a stop condition ends the generation."""
+        prompt = list(prompt_ids)
+        max_new_tokens = check_prompt(prompt, self.target, config.max_new_tokens)
+        stop = StopCondition(config, max_new_tokens, self.decode)
+        sampling = sampling_params(config)
+        generator = make_generator(config.seed, self.device)
+        schedule = DraftLengthSchedule(self.drafter.config, self.drafter.nominal_depth)
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
+        cache = new_cache(self.target)
+        self.drafter.begin(prompt)
+        context, generated = prompt, []
+        finish_reason = None
+        while finish_reason is None:
+            started = time.perf_counter()
+            with torch.inference_mode():
+                max_depth = min(schedule.length, max_new_tokens - len(generated) - 1)
+                tree = (self.drafter.propose(context, DraftRequest(max_depth, sampling, generator))
+                        if max_depth > 0 else DraftTree.empty())
+                drafted_at = time.perf_counter()
+                result = self._verify(tree, context, cache, sampling, generator)
+                keep_accepted(cache, len(context), result.accepted_nodes)
+            accepted = len(result.accepted_nodes)
+            new_tokens = [tree.token_ids[node] for node in result.accepted_nodes]
+            new_tokens.append(result.next_token)
+            emitted, finish_reason = stop.clip(generated, new_tokens)
+            generated.extend(emitted)
+            context = context + emitted
+            schedule.update(tree.max_depth, accepted)
+            finished_at = time.perf_counter()
+            stats.record_step(len(tree), tree.max_depth, accepted)
+            stats.new_tokens = len(generated)
+            stats.draft_seconds += drafted_at - started
+            stats.verify_seconds += finished_at - drafted_at
+            stats.total_seconds += finished_at - started
+            yield StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
+                             finish_reason)
+
+    def _verify(
+        self,
+        tree: DraftTree,
+        context: list[int],
+        cache: DynamicCache,
+        sampling: SamplingParams | None,
+        generator: torch.Generator | None,
+    ) -> VerifyResult:
+        """One target forward over the uncached context tail plus the tree, then the verdict."""
+        cached = cache.get_seq_length()
+        context_new = context[cached:]
+        mask = positions = None
+        if not tree.is_chain:
+            mask = tree_attention_mask(tree.ancestor_matrix(), cached, len(context_new),
+                                       self.target.dtype, self.device)
+            positions = tree_position_ids(tree.depths, cached, len(context_new), self.device)
+        # [1 + nodes, vocab_size]
+        logits = forward_logits(self.target, context_new + tree.token_ids, cache,
+                                keep=len(tree) + 1, attention_mask=mask, position_ids=positions)
+        if sampling is None:
+            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return verify_sampling(tree, warp_probs(logits, sampling), generator)

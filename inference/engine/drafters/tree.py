@@ -1,0 +1,178 @@
+"""Tree drafter: several branches from the draft model, all verified in one target forward.
+
+Greedy decoding grows a best-first tree (as EAGLE-2 does): each level expands the top
+`tree_width` children of every frontier node, keeps the `tree_width` children with the best
+cumulative draft log-probability as the next frontier, and after `tree_depth` levels the
+`node_budget` best nodes overall form the tree (a child never scores above its parent, so the
+selection is closed under ancestors). Every level is one draft forward over the frontier with a
+tree mask, on top of the draft's KV cache of the context.
+
+Sampling uses a shape fixed before any token is drawn, since choosing nodes by their sampled
+values would bias q: `tree_width` root children drawn without replacement from q, each
+continued by one sampled child per level, filled level by level up to `node_budget` nodes.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from inference.engine.config import DraftConfig
+from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.drafters.draft_model import DraftModelRunner
+from inference.engine.sampling import sample_without_replacement, warp_probs
+from inference.engine.tree import DraftTree
+
+
+class _GrowingTree:
+    """Nodes in creation order (parents first) with an ancestor-or-self matrix."""
+
+    def __init__(self, capacity: int) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.log_probs: list[float] = []
+        self.scores: list[float] = []
+        self.rows: list[torch.Tensor] = []
+        self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool)
+
+    def add(self, token: int, parent: int, log_prob: float,
+            # [vocab_size] the distribution the token was drawn from, or None
+            row: torch.Tensor | None = None) -> int:
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.log_probs.append(log_prob)
+        self.scores.append(log_prob + (self.scores[parent] if parent >= 0 else 0.0))
+        if row is not None:
+            self.rows.append(row)
+        if parent >= 0:
+            self.ancestors[node] = self.ancestors[parent]
+        self.ancestors[node, node] = True
+        return node
+
+    def frontier_mask(self, frontier: range, context_length: int, dtype: torch.dtype,
+                      device: torch.device) -> torch.Tensor:
+        """[1, 1, frontier, context + fed nodes]: the frontier is the last block fed."""
+        fed = frontier.stop
+        allowed = torch.ones(len(frontier), context_length + fed, dtype=torch.bool)
+        allowed[:, context_length:] = self.ancestors[frontier.start:frontier.stop, :fed]
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask.to(device)[None, None]
+
+    def frontier_positions(self, frontier: range, context_length: int,
+                           device: torch.device) -> torch.Tensor:
+        """[1, frontier]: a node at depth d sits at position context_length - 1 + d."""
+        return torch.tensor([[context_length - 1 + self.depths[node] for node in frontier]],
+                            dtype=torch.long, device=device)
+
+    def select(self, keep: list[int], with_rows: bool) -> DraftTree:
+        """The sub-tree of `keep` (closed under ancestors), re-indexed parents first."""
+        keep = sorted(keep)
+        new_index = {old: new for new, old in enumerate(keep)}
+        return DraftTree(
+            token_ids=[self.tokens[node] for node in keep],
+            parent_ids=[new_index[self.parents[node]] if self.parents[node] >= 0 else -1
+                        for node in keep],
+            log_probs=[self.log_probs[node] for node in keep],
+            draft_probs=torch.stack([self.rows[node] for node in keep]) if with_rows else None,
+        )
+
+
+class TreeDrafter(Drafter):
+    """Multi-branch drafting with a small LM and a node budget."""
+
+    name = "tree"
+
+    def __init__(self, draft: PreTrainedModel, vocab_width: int, config: DraftConfig) -> None:
+        super().__init__(config)
+        self.runner = DraftModelRunner(draft, vocab_width)
+        self.dtype = draft.dtype
+        self.device = draft.device
+
+    @property
+    def nominal_depth(self) -> int:
+        return self.config.tree_depth
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.runner.reset()
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], request: DraftRequest) -> DraftTree:
+        depth = min(self.config.tree_depth, request.max_depth, self.runner.depth_room(context))
+        if depth <= 0:
+            return DraftTree.empty()
+        logits = self.runner.sync(context)
+        try:
+            if request.sampling is None:
+                return self._best_first(logits, len(context), depth)
+            return self._sampled(logits, len(context), depth, request)
+        finally:
+            self.runner.truncate(len(context))
+
+    def _expand(self, tree: _GrowingTree, frontier: range, context_length: int) -> torch.Tensor:
+        """Feed the frontier nodes to the draft; return their logits, [frontier, vocab]."""
+        mask = tree.frontier_mask(frontier, context_length, self.dtype, self.device)
+        positions = tree.frontier_positions(frontier, context_length, self.device)
+        return self.runner.forward_nodes([tree.tokens[n] for n in frontier], mask, positions)
+
+    def _best_first(
+        self,
+        # [vocab_size] draft logits after the last context token
+        logits: torch.Tensor,
+        context_length: int,
+        depth: int,
+    ) -> DraftTree:
+        width = self.config.tree_width
+        tree = _GrowingTree(width * depth)
+        best = logits.log_softmax(dim=-1).topk(width)
+        for log_prob, token in zip(best.values.tolist(), best.indices.tolist()):
+            tree.add(token, -1, log_prob)
+        frontier = range(0, len(tree.tokens))
+        for _ in range(1, depth):
+            # [frontier, width]
+            best = self._expand(tree, frontier, context_length).log_softmax(dim=-1).topk(width)
+            parent_scores = torch.tensor([tree.scores[n] for n in frontier], dtype=best.values.dtype,
+                                         device=best.values.device)
+            # [frontier * width]
+            candidate_scores = (parent_scores[:, None] + best.values).flatten()
+            chosen = candidate_scores.topk(min(width, candidate_scores.numel())).indices.tolist()
+            own_log_probs = best.values.flatten().tolist()
+            tokens = best.indices.flatten().tolist()
+            start = len(tree.tokens)
+            for flat in sorted(chosen):
+                tree.add(tokens[flat], frontier[flat // width], own_log_probs[flat])
+            frontier = range(start, len(tree.tokens))
+        order = sorted(range(len(tree.tokens)),
+                       key=lambda node: (-tree.scores[node], tree.depths[node], node))
+        return tree.select(order[: self.config.node_budget], with_rows=False)
+
+    def _sampled(
+        self,
+        # [vocab_size] draft logits after the last context token
+        logits: torch.Tensor,
+        context_length: int,
+        depth: int,
+        request: DraftRequest,
+    ) -> DraftTree:
+        budget = self.config.node_budget
+        tree = _GrowingTree(budget)
+        q = warp_probs(logits[None], request.sampling)[0]
+        roots = sample_without_replacement(q, min(self.config.tree_width, budget), request.generator)
+        for token in roots:
+            tree.add(token, -1, float(q[token].log()), q)
+        frontier = range(0, len(tree.tokens))
+        for _ in range(1, depth):
+            room = budget - len(tree.tokens)
+            if room <= 0:
+                break
+            frontier = range(frontier.start, frontier.start + min(len(frontier), room))
+            # [frontier, vocab_size]
+            q_rows = warp_probs(self._expand(tree, frontier, context_length), request.sampling)
+            children = torch.multinomial(q_rows, 1, generator=request.generator)[:, 0].tolist()
+            start = len(tree.tokens)
+            for parent, token, q_row in zip(frontier, children, q_rows):
+                tree.add(token, parent, float(q_row[token].log()), q_row)
+            frontier = range(start, len(tree.tokens))
+        return tree.select(list(range(len(tree.tokens))), with_rows=True)

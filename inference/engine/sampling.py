@@ -1,0 +1,79 @@
+"""Temperature, top-k and top-p, applied the same way to the target (p) and the draft (q).
+
+Lossless speculative sampling needs p and q to be the distributions the tokens are actually
+drawn from, so both go through `warp_probs` with the same `SamplingParams`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The sampling part of a GenerationConfig; temperature > 0."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def warp_probs(
+    # [num_rows, vocab_size]
+    logits: torch.Tensor,
+    params: SamplingParams,
+) -> torch.Tensor:
+    """Return the distributions to sample from, [num_rows, vocab_size], in the logits' dtype.
+
+    Order as in Hugging Face: temperature, then top-k, then top-p (smallest set whose mass
+    reaches top_p, always at least the most likely token).
+    """
+    scores = logits / params.temperature
+    vocab_size = scores.shape[-1]
+    if 0 < params.top_k < vocab_size:
+        kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def sample_token(
+    # [vocab_size]
+    probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> int:
+    """Draw one token id from `probs`."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample_without_replacement(
+    # [vocab_size]
+    probs: torch.Tensor,
+    count: int,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """Draw up to `count` distinct tokens, ordered as successive draws without replacement.
+
+    Gumbel-top-k: the tokens sorted by log p + Gumbel noise are distributed as drawing one
+    token, removing it, renormalising and drawing again. The order matters: recursive rejection
+    sampling over siblings assumes sibling i was drawn from q with siblings 0..i-1 removed.
+    """
+    support = int((probs > 0).sum())
+    count = min(count, support)
+    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(probs.dtype).tiny)))
+    keys = probs.log() + gumbel
+    return torch.topk(keys, count).indices.tolist()
+
+
+def uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    """One U(0, 1) draw from the run's generator (the acceptance test of rejection sampling)."""
+    return float(torch.rand((), generator=generator, device=device))

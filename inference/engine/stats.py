@@ -1,0 +1,81 @@
+"""Per-generation counters, a plain dataclass kept apart from any metrics exporter."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """What one generation did: steps, drafted and accepted tokens, timings.
+
+    mean_accepted_length counts the target's own token of each step (correction or bonus), so
+    it is tokens per verification step before any stop cut, comparable with the bound
+    E = (1 - a^(g+1)) / (1 - a). For a tree, `drafted` counts every node, and position d is
+    "drafted" in a step whose tree reaches depth d and "accepted" when the path reached it.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def record_step(self, drafted: int, depth: int, accepted: int) -> None:
+        """Count one verification step whose draft had `drafted` nodes reaching `depth`."""
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        missing = depth - len(self.drafted_per_position)
+        if missing > 0:
+            self.drafted_per_position.extend([0] * missing)
+            self.accepted_per_position.extend([0] * missing)
+        for position in range(depth):
+            self.drafted_per_position[position] += 1
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        """P(position d accepted | drafted), d = 1, 2, ..."""
+        return [accepted / drafted if drafted else 0.0
+                for drafted, accepted in zip(self.drafted_per_position, self.accepted_per_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def merge(self, other: GenerationStats) -> None:
+        """Add another generation's counters (the bench sums over prompts)."""
+        for name in ("prompt_tokens", "new_tokens", "steps", "drafted", "accepted",
+                     "draft_seconds", "verify_seconds", "total_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.drafted_per_position, other.drafted_per_position),
+                             (self.accepted_per_position, other.accepted_per_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for position, count in enumerate(theirs):
+                mine[position] += count
+
+    def to_dict(self) -> dict:
+        """Counters and derived rates, JSON-ready."""
+        data = asdict(self)
+        data.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            acceptance_per_position=self.acceptance_per_position,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return data

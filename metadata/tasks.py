@@ -1,0 +1,41 @@
+"""Celery beat jobs of the metadata store (routed to the ``maintenance`` queue).
+
+Both jobs are idempotent and take their own ``pg_try_advisory_lock``: a run that finds the lock
+taken returns at once instead of queueing behind the other run.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+
+from celery import shared_task
+
+from metadata.adaptive_index import rotate_recent_index
+from metadata.cache_tasks import snapshot_cache_stats  # noqa: F401  (registers the beat task)
+from metadata.maintenance_db import MaintenanceBusy
+from metadata.partitions import PartitionRotation
+
+logger = logging.getLogger(__name__)
+
+
+# Archival of a big backlog can take long; a killed run resumes from its recorded steps.
+@shared_task(name="metadata.tasks.rotate_partitions", soft_time_limit=3300, time_limit=3600)
+def rotate_partitions() -> dict:
+    """Premake partitions, drain DEFAULT, archive expired partitions."""
+    try:
+        report = PartitionRotation().run()
+    except MaintenanceBusy as exc:
+        logger.info("rotate_partitions skipped: %s", exc)
+        return {"skipped": str(exc)}
+    logger.info("rotate_partitions: %s", report.summary())
+    return asdict(report)
+
+
+@shared_task(name="metadata.tasks.rotate_recent_activity_index", soft_time_limit=1700, time_limit=1800)
+def rotate_recent_activity_index() -> dict:
+    """Rebuild the recent-activity partial index with a fresh literal cutoff."""
+    try:
+        return {"index": rotate_recent_index()}
+    except MaintenanceBusy as exc:
+        logger.info("rotate_recent_activity_index skipped: %s", exc)
+        return {"skipped": str(exc)}

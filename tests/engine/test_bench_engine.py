@@ -1,0 +1,55 @@
+"""bench/engine.py runs end to end on a tiny pair and ends with the machine-readable RESULT line."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference.engine.tiny_models import build_tiny_pair
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine.py"
+RESULT = re.compile(r"^RESULT greedy_identical=(true|false) speedup_vs_baseline=[\d.]+ "
+                    r"speedup_vs_hf_assisted=[\d.]+ tree_over_chain_accept_len=[\d.]+ "
+                    r"acceptance=[\d.]+$")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_engine", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("bench-models")
+    target, draft = build_tiny_pair(root / "built", arch="llama")
+    (root / "demo-target").symlink_to(target)
+    (root / "demo-draft").symlink_to(draft)
+    prompts = ["def main():\n    return 0\n", "import os\n\nclass Config:\n    def load(self):"]
+    (root / "heldout_prompts.json").write_text(json.dumps(
+        {"version": 1, "prompts": [{"id": i, "text": text} for i, text in enumerate(prompts)]}))
+    return root
+
+
+def test_bench_prints_a_result_line_and_identical_greedy_outputs(bench, tiny_model_dir, capsys):
+    assert bench.main(["--model-dir", str(tiny_model_dir), "--prompts", "2", "--repeats", "1",
+                       "--max-new-tokens", "12", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert RESULT.match(lines[-1]), lines[-1]
+    assert "greedy_identical=true" in lines[-1]
+    assert any(line.startswith("hf_assisted") for line in lines)
+
+
+def test_expected_tokens_per_step_bound(bench):
+    assert bench.expected_tokens_per_step(0.0, 4) == 1.0
+    assert bench.expected_tokens_per_step(1.0, 4) == 5.0
+    assert bench.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
