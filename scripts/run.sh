@@ -23,6 +23,7 @@ stop() {
   echo; echo "stopping SpecOps..."
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
+  exit 0
 }
 trap stop INT TERM EXIT
 
@@ -56,4 +57,5 @@ SpecOps is running ($gpus GPU queue(s) + cpu + maintenance):
 Ctrl-C stops everything.
 TXT
 wait -n "${pids[@]}" || true
-echo "a SpecOps process exited; see var/log/" >&2
+echo "a SpecOps process exited on its own; stopping the others (see var/log/)" >&2
+exit 1
