@@ -23,9 +23,9 @@ stop() {
   echo; echo "stopping SpecOps..."
   kill -TERM "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
-  exit 0
 }
-trap stop INT TERM EXIT
+trap 'stop; exit 0' INT TERM
+trap stop EXIT
 
 start() {  # start NAME CMD...: run in the background, log to var/log/NAME.log
   local name=$1; shift
