@@ -77,7 +77,7 @@ class DraftConfig:
     accepted step and shrink it by one after a rejection, within [min_length, max_length];
     confidence_threshold: stop a chain early when the draft's top probability falls under it
     (0 disables). The tree drafter expands `tree_width` children per node, keeps the
-    `tree_width` best nodes of each level (by cumulative draft log-probability), drafts
+    `tree_width` best nodes of each level (by estimated acceptance of their path), drafts
     `tree_depth` levels and verifies at most `node_budget` nodes. The n-gram drafter matches the
     last `ngram_size` down to `ngram_min_size` tokens of the context.
     """

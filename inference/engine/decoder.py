@@ -101,10 +101,18 @@ class SpeculativeDecoder:
         return GenerationResult(tokens, finish_reason or "length", self.stats)
 
     def stream(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[StepOutput]:
-        """Yield one StepOutput per verification step until a stop condition ends the generation."""
+        """Yield one StepOutput per verification step until a stop condition ends the generation.
+
+        The prompt and settings are checked here, before the first step is requested, so a
+        PromptTooLongError or ConfigError reaches the caller before any forward runs.
+        """
         prompt = list(prompt_ids)
         max_new_tokens = check_prompt(prompt, self.target, config.max_new_tokens)
         stop = StopCondition(config, max_new_tokens, self.decode)
+        return self._steps(prompt, config, max_new_tokens, stop)
+
+    def _steps(self, prompt: list[int], config: GenerationConfig, max_new_tokens: int,
+               stop: StopCondition) -> Iterator[StepOutput]:
         sampling = sampling_params(config)
         generator = make_generator(config.seed, self.device)
         schedule = DraftLengthSchedule(self.drafter.config, self.drafter.nominal_depth)

@@ -2,9 +2,17 @@
 
 Uses the transformers 5.x names (`cache=`, `logits_to_keep=`); a custom 4D additive mask and
 explicit position ids are passed only for trees, chains use the model's own causal mask.
+
+For the Llama and Qwen2 families (full attention, SDPA) the forward runs the model's own
+modules (embeddings, rotary embedding, decoder layers, norm, LM head) without the top-level
+wrappers: their output capturing, mask construction and output objects cost ~0.4 ms a call on
+a CPU, a third of a one-layer draft's forward. Tests check the logits are identical to the
+wrapped forward; every other model takes the wrapped path.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -35,6 +43,58 @@ def logits_width(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
+_LEAN_MODEL_TYPES = frozenset({"llama", "qwen2"})
+_lean_support: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def supports_lean_forward(model: PreTrainedModel) -> bool:
+    """Whether `model` is a full-attention Llama/Qwen2 model whose modules can be run directly."""
+    supported = _lean_support.get(model)
+    if supported is None:
+        config = model.config
+        inner = getattr(model, "model", None)
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        supported = (
+            config.model_type in _LEAN_MODEL_TYPES
+            and config._attn_implementation == "sdpa"
+            and all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
+            and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
+            and not getattr(config, "use_sliding_window", False)
+            and layer_types == {"full_attention"}
+        )
+        _lean_support[model] = supported
+    return supported
+
+
+def _lean_logits(
+    model: PreTrainedModel,
+    # [1, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    keep: int,
+    # [1, 1, new_tokens, cached + new_tokens] or None
+    attention_mask: torch.Tensor | None,
+    # [1, new_tokens] or None
+    position_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """The decoder stack of a Llama-family model, called module by module; [keep, vocab]."""
+    inner = model.model
+    hidden = inner.embed_tokens(input_ids)
+    new_tokens = input_ids.shape[1]
+    past = cache.get_seq_length()
+    if position_ids is None:
+        position_ids = torch.arange(past, past + new_tokens, device=input_ids.device)[None]
+    if attention_mask is None and new_tokens > 1:
+        attention_mask = torch.full((new_tokens, past + new_tokens), torch.finfo(hidden.dtype).min,
+                                    dtype=hidden.dtype, device=input_ids.device)
+        attention_mask = attention_mask.triu_(past + 1)[None, None]
+    position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
+    for layer in inner.layers[: model.config.num_hidden_layers]:
+        hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
+                       position_ids=position_ids, cache=cache, use_cache=True)
+    return model.lm_head(inner.norm(hidden[:, -keep:]))[0]
+
+
 def forward_logits(
     model: PreTrainedModel,
     token_ids: list[int],
@@ -50,6 +110,8 @@ def forward_logits(
     Returns [keep, vocab_size]. The cache grows by len(token_ids).
     """
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
+    if supports_lean_forward(model):
+        return _lean_logits(model, input_ids, cache, keep, attention_mask, position_ids)
     output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=True, logits_to_keep=keep)
     return output.logits[0]

@@ -13,6 +13,10 @@ class GenerationStats:
     it is tokens per verification step before any stop cut, comparable with the bound
     E = (1 - a^(g+1)) / (1 - a). For a tree, `drafted` counts every node, and position d is
     "drafted" in a step whose tree reaches depth d and "accepted" when the path reached it.
+
+    Two acceptance figures: acceptance_rate = accepted / drafted (what share of the drafted
+    tokens were kept), and per_token_acceptance, the alpha of the formula above: the chance
+    that a drafted position the target reached is accepted, accepted / (accepted + rejections).
     """
 
     prompt_tokens: int = 0
@@ -20,6 +24,8 @@ class GenerationStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    # steps that ended on a rejected draft position (not every drafted position was accepted)
+    rejections: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     draft_seconds: float = 0.0
@@ -31,6 +37,7 @@ class GenerationStats:
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.rejections += accepted < depth
         missing = depth - len(self.drafted_per_position)
         if missing > 0:
             self.drafted_per_position.extend([0] * missing)
@@ -43,6 +50,11 @@ class GenerationStats:
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_token_acceptance(self) -> float:
+        reached = self.accepted + self.rejections
+        return self.accepted / reached if reached else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
@@ -60,7 +72,7 @@ class GenerationStats:
 
     def merge(self, other: GenerationStats) -> None:
         """Add another generation's counters (the bench sums over prompts)."""
-        for name in ("prompt_tokens", "new_tokens", "steps", "drafted", "accepted",
+        for name in ("prompt_tokens", "new_tokens", "steps", "drafted", "accepted", "rejections",
                      "draft_seconds", "verify_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_per_position, other.drafted_per_position),
@@ -74,6 +86,7 @@ class GenerationStats:
         data = asdict(self)
         data.update(
             acceptance_rate=self.acceptance_rate,
+            per_token_acceptance=self.per_token_acceptance,
             mean_accepted_length=self.mean_accepted_length,
             acceptance_per_position=self.acceptance_per_position,
             tokens_per_second=self.tokens_per_second,

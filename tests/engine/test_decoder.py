@@ -150,7 +150,8 @@ def test_generation_stats_merge_sums_counters():
     first.record_step(drafted=4, depth=4, accepted=2)
     second.record_step(drafted=6, depth=6, accepted=6)
     first.merge(second)
-    assert (first.steps, first.drafted, first.accepted) == (2, 10, 8)
+    assert (first.steps, first.drafted, first.accepted, first.rejections) == (2, 10, 8, 1)
+    assert first.per_token_acceptance == pytest.approx(8 / 9)
     assert first.drafted_per_position == [2, 2, 2, 2, 1, 1]
     assert first.accepted_per_position == [2, 2, 1, 1, 1, 1]
     assert math.isclose(first.mean_accepted_length, 5.0)

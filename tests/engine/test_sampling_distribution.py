@@ -16,9 +16,10 @@ import torch
 from scipy.stats import chisquare
 
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
+from inference.engine.plain import generate_plain
 from inference.engine.sampling import SamplingParams, warp_probs
 
-from .conftest import draft_model, target_model
+from .conftest import draft_model, noisy_copy, target_model
 
 VOCAB = 8
 RUNS = 2500
@@ -68,7 +69,6 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "config", "generation"), CASES)
 def test_first_two_tokens_follow_the_target_distribution(kind, config, generation):
     target, draft = _models("llama")
@@ -93,3 +93,20 @@ def test_a_seed_makes_sampling_reproducible():
                                                               seed=seed)).token_ids)
               for seed in range(5)}
     assert len(others) > 1
+
+
+@pytest.mark.parametrize("kind", ["draft_model", "tree", "ngram"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_sampling_with_top_k_1_is_greedy(arch, kind):
+    """top_k=1 leaves one token with probability 1: every sampled path must be the greedy one."""
+    target = target_model(arch)
+    decoder = SpeculativeDecoder(target, build_drafter(kind, target=target, draft=noisy_copy(arch),
+                                                       config=DraftConfig(length=5, tree_width=3)))
+    prompt = [7, 21, 3, 50, 9]
+    greedy = generate_plain(target, prompt, GenerationConfig(max_new_tokens=30)).token_ids
+    for seed in range(3):
+        sampled = decoder.generate(prompt, GenerationConfig(max_new_tokens=30, temperature=1.0,
+                                                            top_k=1, seed=seed))
+        assert sampled.token_ids == greedy
+    if kind != "ngram":  # a model draft agrees often enough to exercise acceptance
+        assert decoder.stats.accepted > 0

@@ -69,7 +69,7 @@ def test_prompt_too_long_is_refused_before_any_forward(monkeypatch):
     calls = []
     monkeypatch.setattr(decoder.target, "forward", lambda *a, **k: calls.append(1))
     with pytest.raises(PromptTooLongError, match=f"at most {CONTEXT - 1} tokens"):
-        next(decoder.stream([1] * CONTEXT, GenerationConfig()))
+        decoder.stream([1] * CONTEXT, GenerationConfig())
     with pytest.raises(PromptTooLongError):
         generate_plain(decoder.target, [1] * CONTEXT, GenerationConfig())
     assert calls == []

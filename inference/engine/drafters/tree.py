@@ -2,10 +2,12 @@
 
 Greedy decoding grows a best-first tree (as EAGLE-2 does): each level expands the top
 `tree_width` children of every frontier node, keeps the `tree_width` children with the best
-cumulative draft log-probability as the next frontier, and after `tree_depth` levels the
-`node_budget` best nodes overall form the tree (a child never scores above its parent, so the
-selection is closed under ancestors). Every level is one draft forward over the frontier with a
-tree mask, on top of the draft's KV cache of the context.
+value as the next frontier, and after `tree_depth` levels the `node_budget` best nodes overall
+form the tree. A node's value is the estimated probability that the target accepts its whole
+path: the product of calibrated per-token agreement rates (see calibration.py), not raw draft
+probabilities, which a distilled draft gets badly wrong. A child never scores above its parent,
+so the selection is closed under ancestors. Every level is one draft forward over the frontier
+with a tree mask, on top of the draft's KV cache of the context.
 
 Sampling uses a shape fixed before any token is drawn, since choosing nodes by their sampled
 values would bias q: `tree_width` root children drawn without replacement from q, each
@@ -14,11 +16,15 @@ continued by one sampled child per level, filled level by level up to `node_budg
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
 from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.drafters.calibration import AcceptanceCalibration
 from inference.engine.drafters.draft_model import DraftModelRunner
 from inference.engine.sampling import sample_without_replacement, warp_probs
 from inference.engine.tree import DraftTree
@@ -36,15 +42,16 @@ class _GrowingTree:
         self.rows: list[torch.Tensor] = []
         self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool)
 
-    def add(self, token: int, parent: int, log_prob: float,
+    def add(self, token: int, parent: int, log_prob: float, log_value: float,
             # [vocab_size] the distribution the token was drawn from, or None
             row: torch.Tensor | None = None) -> int:
+        """Append a node; its score is the parent's plus `log_value`."""
         node = len(self.tokens)
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
         self.log_probs.append(log_prob)
-        self.scores.append(log_prob + (self.scores[parent] if parent >= 0 else 0.0))
+        self.scores.append(log_value + (self.scores[parent] if parent >= 0 else 0.0))
         if row is not None:
             self.rows.append(row)
         if parent >= 0:
@@ -67,8 +74,9 @@ class _GrowingTree:
         return torch.tensor([[context_length - 1 + self.depths[node] for node in frontier]],
                             dtype=torch.long, device=device)
 
-    def select(self, keep: list[int], with_rows: bool) -> DraftTree:
-        """The sub-tree of `keep` (closed under ancestors), re-indexed parents first."""
+    def select(self, keep: list[int], with_rows: bool) -> tuple[DraftTree, dict[int, int]]:
+        """The sub-tree of `keep` (closed under ancestors), re-indexed parents first, and the
+        map from old to new node indices."""
         keep = sorted(keep)
         new_index = {old: new for new, old in enumerate(keep)}
         return DraftTree(
@@ -77,7 +85,17 @@ class _GrowingTree:
                         for node in keep],
             log_probs=[self.log_probs[node] for node in keep],
             draft_probs=torch.stack([self.rows[node] for node in keep]) if with_rows else None,
-        )
+        ), new_index
+
+
+@dataclass
+class _Expansions:
+    """The candidates each expanded node of the last greedy tree offered, to learn from."""
+
+    context_length: int
+    tree: DraftTree
+    # node index in `tree` (-1: the last context token) -> (candidate tokens, draft probabilities)
+    candidates: dict[int, tuple[list[int], list[float]]]
 
 
 class TreeDrafter(Drafter):
@@ -90,6 +108,9 @@ class TreeDrafter(Drafter):
         self.runner = DraftModelRunner(draft, vocab_width)
         self.dtype = draft.dtype
         self.device = draft.device
+        # kept across generations: it describes the model pair, not one prompt
+        self.calibration = AcceptanceCalibration(ranks=config.tree_width)
+        self._last: _Expansions | None = None
 
     @property
     def nominal_depth(self) -> int:
@@ -97,9 +118,11 @@ class TreeDrafter(Drafter):
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.runner.reset()
+        self._last = None
 
     @torch.inference_mode()
     def propose(self, context: list[int], request: DraftRequest) -> DraftTree:
+        self._learn(context)
         depth = min(self.config.tree_depth, request.max_depth, self.runner.depth_room(context))
         if depth <= 0:
             return DraftTree.empty()
@@ -110,6 +133,22 @@ class TreeDrafter(Drafter):
             return self._sampled(logits, len(context), depth, request)
         finally:
             self.runner.truncate(len(context))
+
+    def _learn(self, context: list[int]) -> None:
+        """Walk the last tree along the tokens the target chose; feed the calibration."""
+        last, self._last = self._last, None
+        if last is None:
+            return
+        node, position = -1, last.context_length
+        while node in last.candidates and position < len(context):
+            chosen = context[position]
+            tokens, probs = last.candidates[node]
+            self.calibration.observe(probs, [token == chosen for token in tokens])
+            node = next((child for child in last.tree.children[node + 1]
+                         if last.tree.token_ids[child] == chosen), None)
+            if node is None:
+                return
+            position += 1
 
     def _expand(self, tree: _GrowingTree, frontier: range, context_length: int) -> torch.Tensor:
         """Feed the frontier nodes to the draft; return their logits, [frontier, vocab]."""
@@ -126,27 +165,41 @@ class TreeDrafter(Drafter):
     ) -> DraftTree:
         width = self.config.tree_width
         tree = _GrowingTree(width * depth)
-        best = logits.log_softmax(dim=-1).topk(width)
-        for log_prob, token in zip(best.values.tolist(), best.indices.tolist()):
-            tree.add(token, -1, log_prob)
+        candidates: dict[int, tuple[list[int], list[float]]] = {}
+        best = logits.softmax(dim=-1).topk(width)
+        tokens, probs = best.indices.tolist(), best.values.tolist()
+        candidates[-1] = (tokens, probs)
+        root_values = self.calibration.log_value(best.values[None])[0].tolist()
+        for token, prob, log_value in zip(tokens, probs, root_values):
+            tree.add(token, -1, _log(prob), log_value)
         frontier = range(0, len(tree.tokens))
         for _ in range(1, depth):
             # [frontier, width]
-            best = self._expand(tree, frontier, context_length).log_softmax(dim=-1).topk(width)
-            parent_scores = torch.tensor([tree.scores[n] for n in frontier], dtype=best.values.dtype,
-                                         device=best.values.device)
+            best = self._expand(tree, frontier, context_length).softmax(dim=-1).topk(width)
+            tokens, probs = best.indices.tolist(), best.values.tolist()
+            for row, node in enumerate(frontier):
+                candidates[node] = (tokens[row], probs[row])
+            log_values = self.calibration.log_value(best.values)
+            parent_scores = torch.tensor([tree.scores[n] for n in frontier],
+                                         dtype=log_values.dtype, device=log_values.device)
             # [frontier * width]
-            candidate_scores = (parent_scores[:, None] + best.values).flatten()
+            candidate_scores = (parent_scores[:, None] + log_values).flatten()
             chosen = candidate_scores.topk(min(width, candidate_scores.numel())).indices.tolist()
-            own_log_probs = best.values.flatten().tolist()
-            tokens = best.indices.flatten().tolist()
+            flat_log_values = log_values.flatten().tolist()
             start = len(tree.tokens)
             for flat in sorted(chosen):
-                tree.add(tokens[flat], frontier[flat // width], own_log_probs[flat])
+                row, column = divmod(flat, width)
+                tree.add(tokens[row][column], frontier[row], _log(probs[row][column]),
+                         flat_log_values[flat])
             frontier = range(start, len(tree.tokens))
         order = sorted(range(len(tree.tokens)),
                        key=lambda node: (-tree.scores[node], tree.depths[node], node))
-        return tree.select(order[: self.config.node_budget], with_rows=False)
+        selected, new_index = tree.select(order[: self.config.node_budget], with_rows=False)
+        self._last = _Expansions(
+            context_length, selected,
+            {(new_index[node] if node >= 0 else -1): offered
+             for node, offered in candidates.items() if node < 0 or node in new_index})
+        return selected
 
     def _sampled(
         self,
@@ -161,7 +214,8 @@ class TreeDrafter(Drafter):
         q = warp_probs(logits[None], request.sampling)[0]
         roots = sample_without_replacement(q, min(self.config.tree_width, budget), request.generator)
         for token in roots:
-            tree.add(token, -1, float(q[token].log()), q)
+            log_q = float(q[token].log())
+            tree.add(token, -1, log_q, log_q, q)
         frontier = range(0, len(tree.tokens))
         for _ in range(1, depth):
             room = budget - len(tree.tokens)
@@ -173,6 +227,11 @@ class TreeDrafter(Drafter):
             children = torch.multinomial(q_rows, 1, generator=request.generator)[:, 0].tolist()
             start = len(tree.tokens)
             for parent, token, q_row in zip(frontier, children, q_rows):
-                tree.add(token, parent, float(q_row[token].log()), q_row)
+                log_q = float(q_row[token].log())
+                tree.add(token, parent, log_q, log_q, q_row)
             frontier = range(start, len(tree.tokens))
-        return tree.select(list(range(len(tree.tokens))), with_rows=True)
+        return tree.select(list(range(len(tree.tokens))), with_rows=True)[0]
+
+
+def _log(probability: float) -> float:
+    return math.log(probability) if probability > 0 else float("-inf")
