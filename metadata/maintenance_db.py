@@ -76,26 +76,35 @@ def _backoff(attempt: int) -> float:
     return min(2.0, 0.05 * 2**attempt) * (0.5 + random.random())
 
 
+def _retry_on_lock_timeout(attempt_once: Callable[[], T], what: str) -> T:
+    """Call ``attempt_once`` until it does not time out on a lock, at most ``lock_retries()`` more times."""
+    retries = lock_retries()
+    for attempt in range(retries + 1):
+        try:
+            return attempt_once()
+        except OperationalError as exc:
+            if not is_lock_timeout(exc):
+                raise
+            if attempt == retries:
+                raise LockRetriesExhausted(f"{what}: no lock after {retries + 1} attempts") from exc
+            logger.info("%s: lock timeout, retry %d/%d", what, attempt + 1, retries)
+            time.sleep(_backoff(attempt))
+    raise AssertionError("unreachable")
+
+
 def with_lock_retries(action: Callable[[], T], what: str, using: str = DEFAULT_DB_ALIAS) -> T:
     """Run ``action`` in a transaction with ``SET LOCAL lock_timeout``; retry on lock timeout.
 
     ``action`` must be safe to rerun: a lock timeout rolls its transaction back.
     """
-    retries = lock_retries()
-    for attempt in range(retries + 1):
-        try:
-            with transaction.atomic(using=using):
-                with connections[using].cursor() as cursor:
-                    cursor.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms()}")
-                return action()
-        except OperationalError as exc:
-            if not is_lock_timeout(exc) or attempt == retries:
-                if is_lock_timeout(exc):
-                    raise LockRetriesExhausted(f"{what}: no lock after {retries + 1} attempts") from exc
-                raise
-            logger.info("%s: lock timeout, retry %d/%d", what, attempt + 1, retries)
-            time.sleep(_backoff(attempt))
-    raise AssertionError("unreachable")
+
+    def attempt_once() -> T:
+        with transaction.atomic(using=using):
+            with connections[using].cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = {lock_timeout_ms()}")
+            return action()
+
+    return _retry_on_lock_timeout(attempt_once, what)
 
 
 def autocommit_with_lock_retries(statement: str, what: str, using: str = DEFAULT_DB_ALIAS) -> None:
@@ -103,23 +112,16 @@ def autocommit_with_lock_retries(statement: str, what: str, using: str = DEFAULT
     conn = connections[using]
     if conn.in_atomic_block:
         raise RuntimeError(f"{what} cannot run inside a transaction (it uses CONCURRENTLY)")
-    retries = lock_retries()
-    for attempt in range(retries + 1):
-        try:
-            with conn.cursor() as cursor:
-                cursor.execute(f"SET lock_timeout = {lock_timeout_ms()}")
-                try:
-                    cursor.execute(statement)
-                finally:
-                    cursor.execute("RESET lock_timeout")
-            return
-        except OperationalError as exc:
-            if not is_lock_timeout(exc) or attempt == retries:
-                if is_lock_timeout(exc):
-                    raise LockRetriesExhausted(f"{what}: no lock after {retries + 1} attempts") from exc
-                raise
-            logger.info("%s: lock timeout, retry %d/%d", what, attempt + 1, retries)
-            time.sleep(_backoff(attempt))
+
+    def attempt_once() -> None:
+        with conn.cursor() as cursor:
+            cursor.execute(f"SET lock_timeout = {lock_timeout_ms()}")
+            try:
+                cursor.execute(statement)
+            finally:
+                cursor.execute("RESET lock_timeout")
+
+    _retry_on_lock_timeout(attempt_once, what)
 
 
 @contextlib.contextmanager

@@ -13,12 +13,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.plain import generate_plain
 from inference.engine.sampling import SamplingParams, warp_probs
 
+from .chi_square import joint_p_value
 from .conftest import draft_model, noisy_copy, target_model
 
 VOCAB = 8
@@ -37,18 +37,6 @@ def _exact_joint(model, params: SamplingParams) -> np.ndarray:
     batch = torch.tensor([PROMPT + [token] for token in range(VOCAB)])
     second = warp_probs(model(batch).logits[:, -1], params)
     return (first[:, None] * second).double().numpy().ravel()
-
-
-def _p_value(counts: np.ndarray, expected_probs: np.ndarray) -> float:
-    expected = expected_probs * counts.sum()
-    keep = expected >= 5
-    if counts[expected == 0].sum() > 0:
-        return 0.0  # a pair the target never emits was emitted
-    observed, pooled = counts[keep], expected[~keep].sum()
-    if pooled > 0:
-        observed = np.append(observed, counts[~keep].sum())
-    expected = np.append(expected[keep], pooled) if pooled > 0 else expected[keep]
-    return chisquare(observed, expected).pvalue
 
 
 def _counts(decoder: SpeculativeDecoder, generation: dict) -> np.ndarray:
@@ -78,9 +66,9 @@ def test_first_two_tokens_follow_the_target_distribution(kind, config, generatio
     params = SamplingParams(generation["temperature"], generation.get("top_k", 0),
                             generation.get("top_p", 1.0))
     assert decoder.stats.drafted > 0
-    assert _p_value(counts, _exact_joint(target, params)) > P_VALUE_FLOOR
+    assert joint_p_value(counts, _exact_joint(target, params)) > P_VALUE_FLOOR
     # negative control: the same counts are far from the draft's own distribution
-    assert _p_value(counts, _exact_joint(draft, params)) < 1e-6
+    assert joint_p_value(counts, _exact_joint(draft, params)) < 1e-6
 
 
 def test_a_seed_makes_sampling_reproducible():
