@@ -20,7 +20,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import redis
 from django.db import DatabaseError, connections, transaction
 
 from metadata import lsn
@@ -150,7 +149,9 @@ class InvalidationBus:
                     message = pubsub.get_message(timeout=0.5)
                     if message is not None and message.get("type") == "message":
                         self._dispatch(message["data"])
-            except (redis.RedisError, OSError) as exc:
+            # Any exception, not only RedisError/OSError: redis-py can raise e.g. ValueError from a
+            # socket closed under a reconnect, and a dead listener thread would never come back.
+            except Exception as exc:
                 if self.connected.is_set():
                     logger.warning("cache invalidation listener lost redis: %s", exc)
                 self.connected.clear()
@@ -159,7 +160,7 @@ class InvalidationBus:
                 if pubsub is not None:
                     try:
                         pubsub.close()
-                    except (redis.RedisError, OSError):
+                    except Exception:  # closing a broken connection may fail in any way
                         pass
         self.connected.clear()
 

@@ -7,6 +7,7 @@ the figures they report are measured on the same text.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,14 @@ def heldout_prompts(
         {"id": index, "source": relative, "line": line, "text": tokenizer.decode(ids)}
         for index, (relative, line, ids) in enumerate(chosen)
     ]
+
+
+def write_heldout_prompts(path: Path, prompts: list[dict[str, object]]) -> None:
+    """Write the prompts file atomically: readers never see a half-written list."""
+    staging = path.with_name(f".{path.name}.tmp")
+    document = {"version": PROMPTS_FORMAT_VERSION, "prompts": prompts}
+    staging.write_text(json.dumps(document, indent=1))
+    os.replace(staging, path)
 
 
 def load_heldout_prompts(path: str | Path) -> list[str]:

@@ -56,7 +56,9 @@ def encode_stream(
     return torch.cat(pieces)
 
 
-def batch_at(stream: torch.Tensor, step: int, batch_size: int, seq_len: int, seed: int) -> torch.Tensor:
+def batch_at(
+    stream: torch.Tensor, step: int, batch_size: int, seq_len: int, seed: int
+) -> torch.Tensor:
     """Return the batch of `step`: windows at offsets drawn from a generator seeded by (seed, step).
 
     # stream: [num_tokens]; returns [batch_size, seq_len + 1] int64
@@ -94,10 +96,13 @@ def make_optimizer(model: torch.nn.Module, config: OptimConfig) -> torch.optim.O
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+def save_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
+) -> None:
     """Write a checkpoint atomically, so an interruption never leaves a truncated file."""
     staging = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, staging)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    torch.save(state, staging)
     os.replace(staging, path)
 
 
@@ -256,7 +261,7 @@ def generate_greedy_rows(
 
 
 def simulate_chain(hits: Sequence[bool], draft_length: int) -> tuple[int, int, int]:
-    """Replay greedy chain speculation over per-position draft hits; return (drafted, accepted, steps).
+    """Replay greedy chain speculation over per-position hits; return (drafted, accepted, steps).
 
     `hits[i]` says whether the draft's greedy token at position i equals the target's. Each
     step drafts up to `draft_length` tokens, accepts the leading hits, and the target adds one
@@ -304,7 +309,9 @@ def greedy_acceptance(
 
 
 @torch.inference_mode()
-def forward_cost_ms(model: PreTrainedModel, context: int = 200, new: int = 1, repeats: int = 30) -> float:
+def forward_cost_ms(
+    model: PreTrainedModel, context: int = 200, new: int = 1, repeats: int = 30
+) -> float:
     """Time one cached forward of `new` tokens after `context` tokens; the fastest of `repeats`.
 
     The minimum, not the mean, because other processes on a shared CPU only ever add time.

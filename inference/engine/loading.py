@@ -76,7 +76,7 @@ def model_context_length(config: PretrainedConfig) -> int:
 
 
 def _resolve_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype | str:
-    """Pick float32 on CPU unless told otherwise: bf16/fp16 matmuls are slow or unsupported there."""
+    """Pick float32 on CPU unless told otherwise: bf16/fp16 matmuls are slow there."""
     if dtype is not None:
         return dtype
     return torch.float32 if device.type == "cpu" else "auto"

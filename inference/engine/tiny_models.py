@@ -124,10 +124,10 @@ def save_model_dir(
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:
-        make_shareable(staging)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / MARKER_FILE).write_text(json.dumps(marker, indent=2, sort_keys=True))
+        make_shareable(staging)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(staging, directory)

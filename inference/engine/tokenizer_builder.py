@@ -90,8 +90,8 @@ def save_atomically(tokenizer: PreTrainedTokenizerFast, directory: Path) -> None
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
     try:
-        make_shareable(staging)
         tokenizer.save_pretrained(staging)
+        make_shareable(staging)
         try:
             os.replace(staging, directory)
         except OSError:
@@ -122,10 +122,13 @@ def stdlib_tokenizer(
 
 
 def make_shareable(directory: Path) -> None:
-    """Give a `mkdtemp` directory (mode 0700) the permissions the umask allows for any directory.
+    """Give a staged directory and its files the permissions the umask allows (mkdtemp gives 0700).
 
     Model directories are read by other processes, possibly under other users (web, workers).
     """
     umask = os.umask(0)
     os.umask(umask)
     directory.chmod(0o777 & ~umask)
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)

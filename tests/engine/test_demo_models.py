@@ -211,7 +211,9 @@ def test_finished_build_is_reused_and_a_new_config_rebuilds(tmp_path, monkeypatc
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_build_is_deterministic_and_an_interrupted_build_resumes(tmp_path, monkeypatch, quick_build):
+def test_build_is_deterministic_and_an_interrupted_build_resumes(
+    tmp_path, monkeypatch, quick_build
+):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, PretrainedConfig
 
+from inference.engine.errors import EngineError
 from inference.engine.loading import (
     LoadedModel,
     ModelLoadError,
@@ -16,15 +17,15 @@ from inference.engine.loading import (
     load_model_pair,
     model_context_length,
 )
+from inference.engine.corpus import sample_texts
 from inference.engine.tiny_models import (
     TINY_DRAFT,
+    build_tiny_pair,
     causal_lm_config,
     random_causal_lm,
     save_model_dir,
 )
 from inference.engine.tokenizer_builder import train_tokenizer
-from inference.engine.corpus import sample_texts
-from inference.engine.tiny_models import build_tiny_pair
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -69,8 +70,9 @@ def test_explicit_dtype_is_honoured(tiny_pair):
 
 @pytest.mark.parametrize("name", ["does-not-exist/anywhere", "/no/such/dir", "./relative/dir"])
 def test_missing_model_is_a_clear_error_naming_the_path(name):
-    with pytest.raises(ModelLoadError, match=name.lstrip("./")):
+    with pytest.raises(ModelLoadError, match=name.lstrip("./")) as raised:
         load_causal_lm(name)
+    assert isinstance(raised.value, EngineError)
 
 
 def test_a_file_or_a_directory_without_a_model_is_refused(tmp_path, tiny_pair):
