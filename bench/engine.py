@@ -98,7 +98,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
     path = Path(args.prompts_file or Path(args.model_dir) / "heldout_prompts.json")
     if not path.is_file():
         sys.exit(f"error: no held-out prompts at {path}")
-    from inference.engine.demo_prompts import load_heldout_prompts
+    from inference.demo.prompts import load_heldout_prompts
 
     texts = load_heldout_prompts(path)[: args.prompts]
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]

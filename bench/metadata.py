@@ -35,9 +35,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]  # the project first: it has a `metadata` package too
 
-import psycopg  # noqa: E402
-
 import metadata_workload as workload  # noqa: E402
+import psycopg  # noqa: E402
 
 PAGE = 50
 
@@ -82,9 +81,9 @@ def load(args, now: dt.datetime) -> dict:
 
     from inference.models import ModelVersion
     from metadata.models import Tenant
-    from metadata.pacing import Pacer
-    from metadata.partition_bounds import bin_start
-    from metadata.partitions import PartitionPolicy, PartitionRotation
+    from metadata.partitions.bounds import bin_start
+    from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
+    from metadata.partitions.pacing import Pacer
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
@@ -115,8 +114,8 @@ def load(args, now: dt.datetime) -> dict:
 # ------------------------------------------------------------------------------ measurements
 def keyset_vs_offset(session_id: uuid.UUID, created: dt.datetime, reps: int = 31) -> dict[str, float]:
     """Median page latency; every variant runs once per round, so a noisy neighbour hits all alike."""
+    from metadata.api.pagination import CandidatePagination, encode_cursor
     from metadata.models import Candidate
-    from metadata.pagination import CandidatePagination, encode_cursor
 
     queryset = Candidate.objects.filter(session_id=session_id, session_created_at=created)
     ordered = queryset.order_by("-score", "step", "branch")
@@ -156,7 +155,7 @@ def plan_nodes(sql: str, params: list) -> str:
 def recent_sessions_lookup(now: dt.datetime) -> None:
     from django.db import connection
 
-    from metadata.adaptive_index import recent_sessions, rotate_recent_index
+    from metadata.partitions.recent_index import recent_sessions, rotate_recent_index
 
     sql, params = recent_sessions(30, now=now).values_list("id").query.sql_with_params()
 
@@ -199,7 +198,7 @@ def recent_partition_query(today: dt.datetime, label: str) -> None:
 
 def writers_during_rotation(args, url: str, archive_dir: str, today: dt.datetime, now: dt.datetime) -> tuple[float, int]:
     from metadata.models import PartitionArchivalJob
-    from metadata.partitions import PartitionPolicy, PartitionRotation
+    from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
 
     before = count("metadata_token")
     ctx = mp.get_context("spawn")
@@ -239,7 +238,7 @@ def writers_during_rotation(args, url: str, archive_dir: str, today: dt.datetime
 
 
 def scale_up(args, today: dt.datetime) -> None:
-    from metadata import partition_catalog as catalog
+    from metadata.partitions import catalog
 
     missing = args.scale_rows - count("metadata_token")
     recent = today - dt.timedelta(days=1)  # the partition the recent-day query reads keeps its size
@@ -282,7 +281,7 @@ def main() -> None:
 
         if args.pause_ratio is not None:
             settings.SPECOPS_MAINTENANCE_PAUSE_RATIO = args.pause_ratio
-        from metadata.pacing import pause_ratio
+        from metadata.partitions.pacing import pause_ratio
 
         say(f"maintenance pause ratio {pause_ratio()} (busy at most {1 / (1 + pause_ratio()):.0%} of the rotation)")
         now = timezone.now()

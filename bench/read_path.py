@@ -33,7 +33,13 @@ sys.path[:0] = [str(BENCH_DIR.parent), str(BENCH_DIR)]  # the project, and read_
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 
 from read_path_workers import (  # noqa: E402  (needs the path above)
-    MODES, BurstReport, PrivateRedis, burst_worker, own_writes_worker, redis_down_worker, setup_django,
+    MODES,
+    BurstReport,
+    PrivateRedis,
+    burst_worker,
+    own_writes_worker,
+    redis_down_worker,
+    setup_django,
     writer_process,
 )
 
@@ -92,7 +98,7 @@ def wait_for_replica() -> None:
 
 
 def clear_cache_keys(ids: list[str]) -> None:
-    from metadata.cache_redis import default_guard
+    from metadata.cache.redis_tier import default_guard
 
     keys = [f"specops:c:session_state:{i}{suffix}" for i in ids for suffix in ("", ":inv", ":lock")]
     default_guard().run(lambda client: client.delete(*keys))
@@ -101,7 +107,7 @@ def clear_cache_keys(ids: list[str]) -> None:
 def warm_by_write_through(ids: list[str]) -> None:
     """Leave Redis as production does: each session's state written through at its last update
     (in-process tiers start empty in the spawned readers)."""
-    from metadata.session_state import STATE, invalidate_session
+    from metadata.sessions.state import STATE, invalidate_session
 
     for sid in ids:
         invalidate_session(sid, regions=[STATE])

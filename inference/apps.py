@@ -7,4 +7,4 @@ class InferenceConfig(AppConfig):
 
     def ready(self) -> None:
         from inference import prediction_cache  # noqa: F401  (namespace bump on model promotion)
-        from inference import worker  # noqa: F401  (connects the worker_process_init handler)
+        from inference.worker import residency  # noqa: F401  (connects the worker_process_init handler)

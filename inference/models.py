@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
+
+from inference.conf import conf
 
 
 class ModelRole(models.TextChoices):
@@ -51,7 +52,7 @@ class ModelVersion(models.Model):
     @property
     def directory(self) -> Path:
         path = Path(self.path)
-        return path if path.is_absolute() else settings.SPECOPS_MODEL_DIR / path
+        return path if path.is_absolute() else conf.MODEL_DIR / path
 
     @property
     def queue(self) -> str:

@@ -25,15 +25,15 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.dispatch import receiver
 from django.utils import timezone
 
-from inference import token_stream
+from inference.conf import conf
 from inference.signals import model_promoted
-from metadata.cache_metrics import HITS, MISSES, REDIS, CacheStats
-from metadata.cache_redis import UNAVAILABLE, RedisGuard, default_guard
+from metadata.cache.counters import HITS, MISSES, REDIS, CacheStats
+from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, default_guard
 from metadata.models import Session, SessionStatus
+from metadata.sessions import token_stream
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def store(key: RequestKey | None, result: dict[str, Any]) -> bool:
     """Cache ``result`` (text, token_count, finish_reason, stats...) under ``key``."""
     if key is None:
         return False
-    ttl = getattr(settings, "SPECOPS_PREDICTION_CACHE_TTL_S", 3600)
+    ttl = conf.PREDICTION_CACHE_TTL_S
     payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
     stored = guard().run(lambda client: client.set(_resolve(key, client), payload, ex=ttl))
     return stored is not UNAVAILABLE and bool(stored)

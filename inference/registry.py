@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from transformers import AutoConfig
 
+from inference.conf import conf
 from inference.engine.loading import model_context_length
 from inference.models import ModelRole, ModelVersion, VersionStatus
 
@@ -26,7 +26,7 @@ def read_context_length(directory: Path) -> int:
 def _stored_path(directory: Path) -> str:
     """Store paths under SPECOPS_MODEL_DIR relative to it, so the directory can move."""
     try:
-        return str(directory.resolve().relative_to(settings.SPECOPS_MODEL_DIR.resolve()))
+        return str(directory.resolve().relative_to(conf.MODEL_DIR.resolve()))
     except ValueError:
         return str(directory.resolve())
 

@@ -7,7 +7,7 @@ from django.db import transaction
 from rest_framework.exceptions import APIException
 
 from metadata.models import Session, SessionStatus
-from metadata.session_state import invalidate_session
+from metadata.sessions.state import invalidate_session
 
 logger = logging.getLogger(__name__)
 

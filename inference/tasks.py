@@ -8,8 +8,8 @@ from celery import shared_task
 def generate(session_id: str) -> str:
     """Run the speculative generation of one session (idempotent: see generation.run_session)."""
     # Imported here so the web process, which only enqueues, never loads torch and the engine.
-    from inference.generation import run_session
-    from metadata.lsn import primary_only
+    from inference.worker.session_run import run_session
+    from metadata.replicas.lsn import primary_only
 
     # The session was written a moment ago by the API: a replica may not have replayed it yet.
     with primary_only():

@@ -6,4 +6,4 @@ class MetadataConfig(AppConfig):
     verbose_name = "Metadata store"
 
     def ready(self) -> None:
-        from metadata import session_state  # noqa: F401  (cache invalidation on Session save/delete)
+        from metadata.sessions import state as session_state  # noqa: F401  (cache invalidation on Session save/delete)

@@ -1,7 +1,7 @@
 """The metadata store: tenants, the hot session table, and the partitioned history tables.
 
 Token history, candidates and the request log are RANGE-partitioned on a time column (created by
-``metadata.migration_operations.CreatePartitionedModel``). Every primary key includes that column
+``metadata.partitions.migration_operations.CreatePartitionedModel``). Every primary key includes that column
 (PostgreSQL requires it). Tokens and candidates are partitioned on their session's creation time,
 so one session's rows live in one partition and a redelivered task's rows collide on the natural
 key (``ON CONFLICT DO NOTHING``) instead of being written twice.

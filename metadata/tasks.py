@@ -10,10 +10,10 @@ from dataclasses import asdict
 
 from celery import shared_task
 
-from metadata.adaptive_index import rotate_recent_index
-from metadata.cache_tasks import snapshot_cache_stats  # noqa: F401  (registers the beat task)
-from metadata.maintenance_db import MaintenanceBusy
-from metadata.partitions import PartitionRotation
+from metadata.cache.snapshots import snapshot_cache_stats  # noqa: F401  (registers the beat task)
+from metadata.partitions.lifecycle import PartitionRotation
+from metadata.partitions.locks import MaintenanceBusy
+from metadata.partitions.recent_index import rotate_recent_index
 
 logger = logging.getLogger(__name__)
 

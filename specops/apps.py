@@ -6,5 +6,7 @@ class SpecOpsConfig(AppConfig):
     verbose_name = "SpecOps"
 
     def ready(self) -> None:
-        from specops import checks  # noqa: F401  (registers the system checks)
-        from specops import tasks  # noqa: F401  (its beat task must be known wherever beat jobs are routed)
+        from specops import (
+            checks,  # noqa: F401  (registers the system checks)
+            tasks,  # noqa: F401  (its beat task must be known wherever beat jobs are routed)
+        )

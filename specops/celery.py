@@ -11,6 +11,8 @@ from celery import Celery
 from celery.signals import worker_process_shutdown
 from kombu import Queue
 
+from specops.conf import cuda_visible_devices, prometheus_multiproc_dir
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 
 app = Celery("specops")
@@ -26,7 +28,7 @@ def gpu_queue(index: int) -> str:
 
 def visible_gpu_count() -> int:
     """Count CUDA devices without importing torch in processes that never run a model."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = cuda_visible_devices()
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
     try:
@@ -68,7 +70,7 @@ app.autodiscover_tasks()
 @worker_process_shutdown.connect
 def forget_metrics_of_this_process(pid: int | None = None, **kwargs) -> None:
     """Drop this process's live gauges from the shared metrics directory when it exits."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if prometheus_multiproc_dir():
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(pid or os.getpid())

@@ -4,6 +4,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
+from inference.conf import conf as inference_conf
+
 
 @register(Tags.database, deploy=False)
 def check_configuration(app_configs=None, **kwargs) -> list:
@@ -14,7 +16,7 @@ def check_configuration(app_configs=None, **kwargs) -> list:
 @register()
 def check_model_dir(app_configs=None, **kwargs) -> list:
     """Warn when SPECOPS_MODEL_DIR points at a file: workers could never load a model from it."""
-    model_dir = settings.SPECOPS_MODEL_DIR
+    model_dir = inference_conf.MODEL_DIR
     if model_dir.exists() and not model_dir.is_dir():
         return [
             Warning(

@@ -11,6 +11,10 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from inference.conf import SETTINGS as INFERENCE_SETTINGS
+from metadata.conf import SETTINGS as METADATA_SETTINGS
+from specops.conf import SETTINGS as PROJECT_SETTINGS
+from specops.conf_base import read_declared
 from specops.database_config import database_settings
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -31,7 +35,7 @@ DATABASES, DATABASE_REPLICAS = database_settings(
     pool_max_size=env.int("DATABASE_POOL_MAX_SIZE", default=8),
     errors=CONFIG_ERRORS,
 )
-DATABASE_ROUTERS = ["metadata.routers.ReplicaRouter"]
+DATABASE_ROUTERS = ["metadata.replicas.router.ReplicaRouter"]
 
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CACHES = {
@@ -47,22 +51,9 @@ CACHES = {
     }
 }
 
-SPECOPS_MODEL_DIR = Path(env.str("SPECOPS_MODEL_DIR", default=str(BASE_DIR / "models")))
-SPECOPS_ARCHIVE_DIR = Path(env.str("SPECOPS_ARCHIVE_DIR", default=str(BASE_DIR / "var" / "archive")))
-SPECOPS_TOKEN_BATCH_SIZE = env.int("SPECOPS_TOKEN_BATCH_SIZE", default=100)
-# Partition lifecycle (metadata.partitions) and maintenance pacing.
-SPECOPS_PARTITION_INTERVAL = env.str("SPECOPS_PARTITION_INTERVAL", default="daily")
-SPECOPS_PARTITION_PREMAKE = env.int("SPECOPS_PARTITION_PREMAKE", default=4)
-SPECOPS_PARTITION_RETENTION_DAYS = env.int("SPECOPS_PARTITION_RETENTION_DAYS", default=30)
-SPECOPS_PARTITION_ROTATE_MINUTES = env.int("SPECOPS_PARTITION_ROTATE_MINUTES", default=60)
-SPECOPS_RECENT_ACTIVITY_MINUTES = env.int("SPECOPS_RECENT_ACTIVITY_MINUTES", default=30)
-SPECOPS_RECENT_INDEX_ROTATE_MINUTES = env.int("SPECOPS_RECENT_INDEX_ROTATE_MINUTES", default=10)
-SPECOPS_MAINTENANCE_LOCK_TIMEOUT_MS = env.int("SPECOPS_MAINTENANCE_LOCK_TIMEOUT_MS", default=500)
-SPECOPS_MAINTENANCE_LOCK_RETRIES = env.int("SPECOPS_MAINTENANCE_LOCK_RETRIES", default=30)
-SPECOPS_MAINTENANCE_PAUSE_RATIO = env.float("SPECOPS_MAINTENANCE_PAUSE_RATIO", default=2.0)
-# Service-level objectives of the API (the seed's budget), drawn on the admin dashboard.
-SPECOPS_SLO_P95_MS = env.float("SPECOPS_SLO_P95_MS", default=300.0)
-SPECOPS_SLO_P99_MS = env.float("SPECOPS_SLO_P99_MS", default=600.0)
+
+# App settings: each declared once, with its default, in its app's conf.py (README lists them).
+read_declared(env, globals(), (*METADATA_SETTINGS, *INFERENCE_SETTINGS, *PROJECT_SETTINGS))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -91,9 +82,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "metadata.request_log.RequestLogMiddleware",
+    "metadata.sessions.request_log.RequestLogMiddleware",
     # After the request log: its own write must not count as the client's write.
-    "metadata.lsn_middleware.ReadYourWritesMiddleware",
+    "metadata.replicas.middleware.ReadYourWritesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
@@ -162,19 +153,7 @@ LOGGING = {
 
 # ---------------------------------------------------------------------------------------------
 # Read path (issue 5): replica routing with read-your-writes, two-tier cache, prediction cache.
-# Owned by the read-path module (metadata/routers.py, metadata/cache*.py, inference/prediction_cache.py).
-SPECOPS_REPLICA_PROBE_TTL_S = env.float("SPECOPS_REPLICA_PROBE_TTL_S", default=0.5)  # <= 1 s
-SPECOPS_REPLICA_MAX_LAG_BYTES = env.int("SPECOPS_REPLICA_MAX_LAG_BYTES", default=16 * 1024 * 1024)
-SPECOPS_REPLICA_MAX_PROBE_MS = env.float("SPECOPS_REPLICA_MAX_PROBE_MS", default=100.0)
-SPECOPS_PROBE_DATABASE = env.str("SPECOPS_PROBE_DATABASE", default="postgres")  # probes read server-wide positions
-SPECOPS_EXPOSE_READ_DB = env.bool("SPECOPS_EXPOSE_READ_DB", default=DEBUG)  # X-SpecOps-Read-DB header
-SPECOPS_CACHE_LOCAL_TTL_S = env.float("SPECOPS_CACHE_LOCAL_TTL_S", default=1.0)
-SPECOPS_CACHE_LOCAL_MAXSIZE = env.int("SPECOPS_CACHE_LOCAL_MAXSIZE", default=10_000)
-SPECOPS_CACHE_REDIS_TTL_S = env.float("SPECOPS_CACHE_REDIS_TTL_S", default=45.0)
-SPECOPS_CACHE_LOCK_TTL_S = env.float("SPECOPS_CACHE_LOCK_TTL_S", default=2.0)
-SPECOPS_CACHE_REDIS_RETRY_S = env.float("SPECOPS_CACHE_REDIS_RETRY_S", default=0.5)
-SPECOPS_CACHE_STATS_FLUSH_S = env.float("SPECOPS_CACHE_STATS_FLUSH_S", default=5.0)
-SPECOPS_PREDICTION_CACHE_TTL_S = env.int("SPECOPS_PREDICTION_CACHE_TTL_S", default=3600)
+# Owned by the read-path module (metadata/replicas/router.py, metadata/cache*.py, inference/prediction_cache.py).
 # The read-path caches' own django-redis alias: same Redis as "default", but a connection that
 # fails at once instead of redis-py's default 10 retries with backoff (3.5 s a call while Redis is
 # down); the caches then read from the database until Redis answers again.

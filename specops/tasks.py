@@ -1,4 +1,4 @@
 """Celery tasks of the project package (found by autodiscovery)."""
-from specops.ops_metrics import sample_ops_metrics  # noqa: F401
+from specops.ops.gauges import sample_ops_metrics  # noqa: F401
 
 __all__ = ["sample_ops_metrics"]

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from specops.admin_views import dashboard
+from specops.ops.views import dashboard
 
 urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard), name="specops-dashboard"),

@@ -6,8 +6,8 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from metadata import lsn
 from metadata.models import Tenant, TenantMembership
+from metadata.replicas import lsn
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,7 @@ def tiny_model_dirs():
     """A tiny random GPT-2 target/draft pair with a real tokenizer, built once (seconds)."""
     from django.conf import settings
 
-    from inference.engine.tiny_models import build_tiny_pair
+    from tests.tiny_models import build_tiny_pair
 
     return build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
 

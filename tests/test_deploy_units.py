@@ -6,7 +6,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 UNITS = DEPLOY / "systemd"

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from inference.api.tokenizers import count_tokens
 from inference.models import ModelRole, ModelVersion, VersionStatus
-from inference.tokenizers_cache import count_tokens
 
 DRAFTERS = ("draft_model", "tree", "ngram", "none")
 NEEDS_DRAFT_MODEL = ("draft_model", "tree")

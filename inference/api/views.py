@@ -11,11 +11,13 @@ from rest_framework.response import Response
 
 from inference import prediction_cache
 from inference.api.serializers import (
-    GenerationAcceptedSerializer, GenerationRequestSerializer, ModelVersionSerializer,
+    GenerationAcceptedSerializer,
+    GenerationRequestSerializer,
+    ModelVersionSerializer,
 )
 from inference.models import ModelVersion
 from inference.submission import submit_generation
-from metadata.tenancy import tenant_of
+from metadata.api.tenancy import tenant_of
 
 
 class GenerationViewSet(viewsets.GenericViewSet):

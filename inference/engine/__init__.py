@@ -8,6 +8,7 @@
 
 from inference.engine.config import DraftConfig, GenerationConfig
 from inference.engine.decoder import SpeculativeDecoder
+from inference.engine.draft_tree import DraftTree
 from inference.engine.drafters import DRAFTER_KINDS, Drafter, build_drafter
 from inference.engine.errors import (
     ConfigError,
@@ -16,9 +17,8 @@ from inference.engine.errors import (
     UnsupportedModelError,
 )
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
-from inference.engine.plain import generate_plain
 from inference.engine.stats import GenerationStats
-from inference.engine.tree import DraftTree
+from inference.engine.target_only import generate_plain
 
 __all__ = [
     "DRAFTER_KINDS",

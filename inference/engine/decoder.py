@@ -16,16 +16,20 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from inference.engine.config import GenerationConfig
-from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.draft_length import DraftLengthSchedule
+from inference.engine.draft_tree import (
+    DraftTree,
+    tree_attention_mask,
+    tree_position_ids,
+)
+from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.errors import ConfigError, PromptTooLongError
 from inference.engine.kv_cache import keep_accepted, new_cache
 from inference.engine.modeling import context_length, forward_logits
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.sampling import SamplingParams, warp_probs
-from inference.engine.schedule import DraftLengthSchedule
 from inference.engine.stats import GenerationStats
 from inference.engine.stopping import StopCondition
-from inference.engine.tree import DraftTree, tree_attention_mask, tree_position_ids
 from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
 
 

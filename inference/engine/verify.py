@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.draft_tree import DraftTree
 from inference.engine.sampling import sample_token, uniform
-from inference.engine.tree import DraftTree
 
 
 @dataclass(frozen=True)

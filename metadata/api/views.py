@@ -10,12 +10,20 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from inference import token_stream
-from metadata.api.serializers import CandidateSerializer, SessionSerializer, TokenSerializer
+from metadata.api.pagination import (
+    CandidatePagination,
+    SessionPagination,
+    TokenPagination,
+)
+from metadata.api.serializers import (
+    CandidateSerializer,
+    SessionSerializer,
+    TokenSerializer,
+)
+from metadata.api.tenancy import tenant_of
 from metadata.models import Candidate, Session, TokenRecord
-from metadata.pagination import CandidatePagination, SessionPagination, TokenPagination
-from metadata.session_state import get_session_detail
-from metadata.tenancy import tenant_of
+from metadata.sessions import token_stream
+from metadata.sessions.state import get_session_detail
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

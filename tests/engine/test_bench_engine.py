@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.engine.tiny_models import build_tiny_pair
+from tests.tiny_models import build_tiny_pair
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine.py"
 RESULT = re.compile(r"^RESULT greedy_identical=(true|false) speedup_vs_baseline=[\d.]+ "

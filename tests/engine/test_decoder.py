@@ -16,8 +16,8 @@ from inference.engine import (
     SpeculativeDecoder,
     build_drafter,
 )
+from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.drafters import DraftRequest, NgramDrafter
-from inference.engine.schedule import DraftLengthSchedule
 
 from .conftest import draft_model, noisy_copy, target_model
 

@@ -12,15 +12,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from inference.engine import corpus, demo_models
-from inference.engine.demo_models import (
+from inference.demo import builder as demo_models
+from inference.demo import corpus
+from inference.demo.builder import (
     DemoBuildConfig,
     build_demo_models,
     copy_matching_weights,
     main,
 )
-from inference.engine.demo_prompts import load_heldout_prompts
-from inference.engine.demo_training import (
+from inference.demo.prompts import load_heldout_prompts
+from inference.demo.tokenizer_builder import train_tokenizer
+from inference.demo.training import (
     OptimConfig,
     batch_at,
     greedy_acceptance,
@@ -28,13 +30,12 @@ from inference.engine.demo_training import (
     train_language_model,
 )
 from inference.engine.loading import load_causal_lm, load_model_pair
-from inference.engine.tiny_models import (
+from tests.tiny_models import (
     TINY_DRAFT,
     TINY_TARGET,
     causal_lm_config,
     random_causal_lm,
 )
-from inference.engine.tokenizer_builder import train_tokenizer
 
 QUICK = DemoBuildConfig.quick(seed=0)
 

@@ -12,8 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
-from inference.engine.plain import generate_plain
+from inference.engine import (
+    DraftConfig,
+    GenerationConfig,
+    SpeculativeDecoder,
+    build_drafter,
+)
+from inference.engine.target_only import generate_plain
 
 from .conftest import ARCHS, VOCAB_SIZE, draft_model, noisy_copy, target_model
 

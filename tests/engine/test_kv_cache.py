@@ -6,10 +6,14 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from inference.engine.draft_tree import (
+    DraftTree,
+    tree_attention_mask,
+    tree_position_ids,
+)
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.kv_cache import keep_accepted, new_cache, truncate_cache
 from inference.engine.modeling import forward_logits
-from inference.engine.tree import DraftTree, tree_attention_mask, tree_position_ids
 
 from .conftest import ARCHS, target_model
 

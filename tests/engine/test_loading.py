@@ -8,6 +8,8 @@ import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig, PretrainedConfig
 
+from inference.demo.corpus import sample_texts
+from inference.demo.tokenizer_builder import train_tokenizer
 from inference.engine.errors import EngineError
 from inference.engine.loading import (
     LoadedModel,
@@ -17,15 +19,13 @@ from inference.engine.loading import (
     load_model_pair,
     model_context_length,
 )
-from inference.engine.corpus import sample_texts
-from inference.engine.tiny_models import (
+from tests.tiny_models import (
     TINY_DRAFT,
     build_tiny_pair,
     causal_lm_config,
     random_causal_lm,
     save_model_dir,
 )
-from inference.engine.tokenizer_builder import train_tokenizer
 
 
 @pytest.fixture(autouse=True, scope="module")

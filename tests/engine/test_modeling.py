@@ -7,10 +7,14 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from inference.engine import GenerationConfig
+from inference.engine.draft_tree import (
+    DraftTree,
+    tree_attention_mask,
+    tree_position_ids,
+)
 from inference.engine.kv_cache import new_cache
 from inference.engine.modeling import _lean_logits, supports_lean_forward
-from inference.engine.plain import generate_plain
-from inference.engine.tree import DraftTree, tree_attention_mask, tree_position_ids
+from inference.engine.target_only import generate_plain
 
 from .conftest import ARCHS, target_model
 

@@ -14,9 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
-from inference.engine.plain import generate_plain
+from inference.engine import (
+    DraftConfig,
+    GenerationConfig,
+    SpeculativeDecoder,
+    build_drafter,
+)
 from inference.engine.sampling import SamplingParams, warp_probs
+from inference.engine.target_only import generate_plain
 
 from .chi_square import joint_p_value
 from .conftest import draft_model, noisy_copy, target_model

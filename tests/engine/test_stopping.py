@@ -12,8 +12,8 @@ from inference.engine import (
     SpeculativeDecoder,
     build_drafter,
 )
-from inference.engine.plain import generate_plain
 from inference.engine.stopping import StopCondition
+from inference.engine.target_only import generate_plain
 
 from .conftest import CONTEXT, noisy_copy, target_model
 

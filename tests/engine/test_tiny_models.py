@@ -8,15 +8,15 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from inference.engine import corpus
-from inference.engine.loading import load_causal_lm, load_model_pair
-from inference.engine.tiny_models import ARCHITECTURES, MARKER_FILE, build_tiny_pair
-from inference.engine.tokenizer_builder import (
+from inference.demo import corpus
+from inference.demo.tokenizer_builder import (
     EOS_TOKEN,
     PAD_TOKEN,
     stdlib_tokenizer,
     train_tokenizer,
 )
+from inference.engine.loading import load_causal_lm, load_model_pair
+from tests.tiny_models import ARCHITECTURES, MARKER_FILE, build_tiny_pair
 
 ODD_TEXT = "def f(x):\n\treturn x  # naïve, 日本語, emoji 🐍\r\n    \n\x00end"
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inference.engine.draft_tree import (
+    DraftTree,
+    tree_attention_mask,
+    tree_position_ids,
+)
 from inference.engine.kv_cache import new_cache
 from inference.engine.modeling import forward_logits
-from inference.engine.tree import DraftTree, tree_attention_mask, tree_position_ids
 
 from .conftest import ARCHS, target_model
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from inference.engine.draft_tree import DraftTree
 from inference.engine.sampling import sample_without_replacement
-from inference.engine.tree import DraftTree
 from inference.engine.verify import verify_greedy, verify_sampling
 
 from .chi_square import joint_p_value

@@ -6,9 +6,9 @@ import uuid
 
 from django.db import connection
 
-from metadata import partition_catalog as catalog
-from metadata.adaptive_index import existing_indexes
 from metadata.models import PARTITIONED_TABLES
+from metadata.partitions import catalog
+from metadata.partitions.recent_index import existing_indexes
 
 UTC = dt.timezone.utc
 

@@ -1,12 +1,11 @@
-"""The admin's partitions page and archival job list (metadata.admin_partitions)."""
+"""The admin's partitions page and archival job list (metadata.admin)."""
 from __future__ import annotations
 
 import datetime as dt
 
 from django.urls import reverse
 
-import metadata.admin_partitions  # noqa: F401  (registers the admin until metadata/admin.py imports it)
-from metadata.partitions import PartitionPolicy, PartitionRotation
+from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
 from tests.metadata.partition_helpers import day, insert_tokens
 
 

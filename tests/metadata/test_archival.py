@@ -10,12 +10,12 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from metadata import partition_catalog as catalog
-from metadata.archival import CrashPoint, InjectedCrash, PartitionArchiver
-from metadata.archive_files import ArchiveError, table_checksum
-from metadata.archive_restore import restore_archive
+from metadata.archival.archiver import CrashPoint, InjectedCrash, PartitionArchiver
+from metadata.archival.files import ArchiveError, table_checksum
+from metadata.archival.restore import restore_archive
 from metadata.models import ArchivalStep, PartitionArchivalJob
-from metadata.partitions import PartitionPolicy, PartitionRotation
+from metadata.partitions import catalog
+from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
 from tests.metadata.partition_helpers import day, insert_tokens, row_count, token_keys
 
 ONLY_TOKENS = {"metadata_token": "session_created_at"}

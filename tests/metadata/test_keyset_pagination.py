@@ -14,8 +14,14 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metadata.api.pagination import (
+    CandidatePagination,
+    SessionPagination,
+    TokenPagination,
+    after_predicate,
+    decode_cursor,
+)
 from metadata.models import Candidate, Session, Tenant, TokenKind, TokenRecord
-from metadata.pagination import CandidatePagination, SessionPagination, TokenPagination, after_predicate, decode_cursor
 
 CREATED = dt.datetime(2030, 1, 1, 12, tzinfo=dt.timezone.utc)
 SCORES = [float("-inf"), -2.5, -0.0, 0.0, 0.75, 3.0]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from metadata.pacing import SLICE_SECONDS, Pacer
+from metadata.partitions.pacing import SLICE_SECONDS, Pacer
 
 
 def busy(seconds: float) -> None:

@@ -6,7 +6,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from metadata.partition_bounds import (
+from metadata.partitions.bounds import (
     BadIntervalError,
     TimeRange,
     bin_start,

@@ -8,10 +8,14 @@ import psycopg
 import pytest
 from django.db import connection
 
-from metadata import partition_catalog as catalog
-from metadata.maintenance_db import PARTITION_MAINTENANCE_LOCK, MaintenanceBusy
-from metadata.partition_bounds import TimeRange
-from metadata.partitions import PartitionMaker, PartitionPolicy, PartitionRotation
+from metadata.partitions import catalog
+from metadata.partitions.bounds import TimeRange
+from metadata.partitions.lifecycle import (
+    PartitionMaker,
+    PartitionPolicy,
+    PartitionRotation,
+)
+from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK, MaintenanceBusy
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
 
 ONLY_TOKENS = {"metadata_token": "session_created_at"}
@@ -109,7 +113,7 @@ def test_attach_waits_out_a_lock_with_retries_instead_of_failing(partitioned, se
     holder = psycopg.connect(dbname=params["NAME"], host=params["HOST"], port=params["PORT"], user=params["USER"])
     holder.execute("LOCK TABLE metadata_token_default IN ACCESS SHARE MODE")  # transaction stays open
     release = threading.Timer(0.8, holder.commit)
-    caplog.set_level("INFO", logger="metadata.maintenance_db")
+    caplog.set_level("INFO", logger="metadata.partitions.locks")
     release.start()
     try:
         report = rotate(day(0))

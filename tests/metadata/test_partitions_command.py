@@ -13,9 +13,9 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from metadata import partition_catalog as catalog
-from metadata.maintenance_db import PARTITION_MAINTENANCE_LOCK
 from metadata.models import ArchivalStep, PartitionArchivalJob
+from metadata.partitions import catalog
+from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
 
 ROOT = Path(settings.BASE_DIR)

@@ -18,10 +18,16 @@ from pathlib import Path
 import pytest
 from django.db import connections, transaction
 
-from metadata.archive_files import ArchiveManifest, checksum_of_archive, manifest_path
-from metadata.models import ArchivalStep, Candidate, PartitionArchivalJob, TokenKind, TokenRecord
-from metadata.partitions import PartitionPolicy, PartitionRotation
-from metadata.writers import insert_ignoring_conflicts
+from metadata.archival.files import ArchiveManifest, checksum_of_archive, manifest_path
+from metadata.models import (
+    ArchivalStep,
+    Candidate,
+    PartitionArchivalJob,
+    TokenKind,
+    TokenRecord,
+)
+from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
+from metadata.sessions.writers import insert_ignoring_conflicts
 from tests.metadata.partition_helpers import day, row_count
 
 POLICY = PartitionPolicy(premake=4, retention=dt.timedelta(days=2))

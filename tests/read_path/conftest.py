@@ -18,15 +18,16 @@ import pytest
 from django.conf import settings
 
 from inference.models import ModelVersion, VersionStatus
-from metadata import lsn, session_state
-from metadata.cache_redis import default_guard
+from metadata.cache.redis_tier import default_guard
 from metadata.models import Session
-from metadata.replica_health import replica_health
+from metadata.replicas import lsn
+from metadata.replicas.health import replica_health
+from metadata.sessions import state as session_state
 
 PG_VERSION = "15"
 REPLICA_CLUSTER = "replica"
-READ_PATH_MIDDLEWARE = "metadata.lsn_middleware.ReadYourWritesMiddleware"
-REQUEST_LOG_MIDDLEWARE = "metadata.request_log.RequestLogMiddleware"
+READ_PATH_MIDDLEWARE = "metadata.replicas.middleware.ReadYourWritesMiddleware"
+REQUEST_LOG_MIDDLEWARE = "metadata.sessions.request_log.RequestLogMiddleware"
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:

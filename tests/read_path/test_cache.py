@@ -9,14 +9,20 @@ import pytest
 from django.db import connections, transaction
 from prometheus_client import REGISTRY
 
-from metadata import lsn
-from metadata.cache import CacheConfig, TwoTierCache, WritePolicy
-from metadata.cache_metrics import COALESCED, HITS, LOCAL, MISSES, REDIS
-from metadata.cache_redis import Versioned
-from metadata.cache_tasks import snapshot_cache_stats_now
+from metadata.cache.counters import COALESCED, HITS, LOCAL, MISSES, REDIS
+from metadata.cache.redis_tier import Versioned
+from metadata.cache.snapshots import snapshot_cache_stats_now
+from metadata.cache.two_tier import CacheConfig, TwoTierCache, WritePolicy
 from metadata.models import CacheStatsSnapshot, Session, SessionStatus
-from metadata.session_state import load_session_state
-from tests.read_path.conftest import make_session, paused_replay, replica_alias, wait_for_replica_catch_up, wait_until
+from metadata.replicas import lsn
+from metadata.sessions.state import load_session_state
+from tests.read_path.conftest import (
+    make_session,
+    paused_replay,
+    replica_alias,
+    wait_for_replica_catch_up,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
 

@@ -6,12 +6,18 @@ import pytest
 from django.db import connections
 from prometheus_client import REGISTRY
 
-from metadata import lsn
 from metadata.models import Session, SessionStatus
-from metadata.replica_health import replica_health
-from metadata.routers import ReplicaRouter, route_read
+from metadata.replicas import lsn
+from metadata.replicas.health import replica_health
+from metadata.replicas.router import ReplicaRouter, route_read
 from tests.read_path.conftest import (
-    make_session, paused_replay, replica_alias, served_by, stopped_replica, wait_for_replica_catch_up, wait_until,
+    make_session,
+    paused_replay,
+    replica_alias,
+    served_by,
+    stopped_replica,
+    wait_for_replica_catch_up,
+    wait_until,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
@@ -127,7 +133,7 @@ def test_replica_connection_lost_mid_request_is_retried_on_primary(api_client, t
 
 def test_replica_read_error_falls_back_inside_read_routed(tenant, target_version):
     """The function form of the fallback: a read that fails on the replica runs on the primary."""
-    from metadata.replica_fallback import read_routed
+    from metadata.replicas.fallback import read_routed
 
     session = make_session(tenant, target_version)
     wait_for_replica_catch_up()

@@ -19,7 +19,7 @@ print(json.dumps({
     "router": settings.DATABASE_ROUTERS,
     # Imported by the apps' ready(): their signal receivers (cache invalidation on Session save,
     # prediction cache on promotion) are connected in every process, workers included.
-    "imported_at_setup": [m for m in ("metadata.session_state", "inference.prediction_cache") if m in sys.modules],
+    "imported_at_setup": [m for m in ("metadata.sessions.state", "inference.prediction_cache") if m in sys.modules],
 }))
 """
 
@@ -30,10 +30,10 @@ def test_middleware_router_and_signal_receivers_are_installed():
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=root, env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
     wiring = json.loads(out.strip().splitlines()[-1])
-    assert wiring["router"] == ["metadata.routers.ReplicaRouter"]
+    assert wiring["router"] == ["metadata.replicas.router.ReplicaRouter"]
     middleware = wiring["middleware"]
     assert READ_PATH_MIDDLEWARE in middleware, "add it to specops/settings.py MIDDLEWARE"
     if REQUEST_LOG_MIDDLEWARE in middleware:  # the request log's own write is not the client's write
         assert middleware.index(READ_PATH_MIDDLEWARE) > middleware.index(REQUEST_LOG_MIDDLEWARE)
-    assert "metadata.session_state" in wiring["imported_at_setup"], "MetadataConfig.ready() must import it"
+    assert "metadata.sessions.state" in wiring["imported_at_setup"], "MetadataConfig.ready() must import it"
     assert "inference.prediction_cache" in wiring["imported_at_setup"], "InferenceConfig.ready() must import it"

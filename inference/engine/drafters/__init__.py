@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
-from inference.engine.drafters.base import DraftRequest, Drafter, NoDrafter
+from inference.engine.drafters.base import Drafter, DraftRequest, NoDrafter
 from inference.engine.drafters.draft_model import DraftModelDrafter
 from inference.engine.drafters.ngram import NgramDrafter
 from inference.engine.drafters.tree import TreeDrafter

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.config import DraftConfig
+from inference.engine.draft_tree import DraftTree
 from inference.engine.sampling import SamplingParams
-from inference.engine.tree import DraftTree
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,11 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
-from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.draft_tree import DraftTree
+from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.kv_cache import new_cache, truncate_cache
 from inference.engine.modeling import align_vocab, context_length, forward_logits
 from inference.engine.sampling import warp_probs
-from inference.engine.tree import DraftTree
 
 
 class DraftModelRunner:

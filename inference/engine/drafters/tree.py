@@ -23,11 +23,11 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
-from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.draft_tree import DraftTree
+from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.drafters.calibration import AcceptanceCalibration
 from inference.engine.drafters.draft_model import DraftModelRunner
 from inference.engine.sampling import sample_without_replacement, warp_probs
-from inference.engine.tree import DraftTree
 
 
 class _GrowingTree:

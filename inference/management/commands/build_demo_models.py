@@ -1,10 +1,10 @@
 """Build the demo target/draft pair into SPECOPS_MODEL_DIR and register it as model 'demo'."""
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.demo_models import DemoBuildConfig, build_demo_models
+from inference.conf import conf
+from inference.demo.builder import DemoBuildConfig, build_demo_models
 from inference.registry import DEMO_NAME, RegistrationError, register_pair
 
 
@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, seed: int, device: str, no_register: bool, **options) -> None:
         try:
-            built = build_demo_models(settings.SPECOPS_MODEL_DIR, config=DemoBuildConfig(seed=seed), progress=True)
+            built = build_demo_models(conf.MODEL_DIR, config=DemoBuildConfig(seed=seed), progress=True)
             if not no_register:
                 target = register_pair(DEMO_NAME, f"seed{seed}", built.target_dir, built.draft_dir, device=device)
                 self.stdout.write(f"registered {target} with draft {target.default_draft}")

@@ -17,14 +17,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS, DatabaseError
 
-from metadata import partition_catalog as catalog
-from metadata.archival import UNFINISHED
-from metadata.archive_files import ArchiveError
-from metadata.archive_restore import restore_archive
-from metadata.maintenance_db import LockRetriesExhausted, MaintenanceBusy
+from metadata.archival.archiver import UNFINISHED
+from metadata.archival.files import ArchiveError
+from metadata.archival.restore import restore_archive
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
-from metadata.partitions import PartitionRotation
-from metadata.schedule import register_periodic_tasks
+from metadata.partitions import catalog
+from metadata.partitions.beat_jobs import register_periodic_tasks
+from metadata.partitions.lifecycle import PartitionRotation
+from metadata.partitions.locks import LockRetriesExhausted, MaintenanceBusy
 
 OPERATOR_ERRORS = (MaintenanceBusy, LookupError, ArchiveError, ImproperlyConfigured, LockRetriesExhausted,
                    DatabaseError, ValueError, OSError)

@@ -1,0 +1,21 @@
+"""Settings of the inference app: each one declared here once, with its type and default.
+
+``specops/settings.py`` reads them from the environment; code reads ``inference.conf.conf.NAME``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from specops.conf_base import AppSettings, Setting
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SETTINGS = (
+    Setting("SPECOPS_MODEL_DIR", Path, BASE_DIR / "models", "where model directories live"),
+    Setting("SPECOPS_CACHE_DIR", Path, Path.home() / ".cache" / "specops", "build caches of the demo pair (trained tokenizers)"),
+    Setting("SPECOPS_PREDICTION_CACHE_TTL_S", int, 3600, "lifetime of a cached deterministic result"),
+    Setting("SPECOPS_RESIDENT_MODELS", int, 4, "model versions a worker process keeps loaded"),
+    Setting("SPECOPS_WORKER_DEVICE", str, "cpu", "device of this worker process: cpu, cuda:0, ..."),
+)
+
+conf = AppSettings(SETTINGS)

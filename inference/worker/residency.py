@@ -1,0 +1,70 @@
+"""Model residency in a worker process: models are loaded once per process and kept.
+
+``worker_process_init`` preloads the active versions placed on this worker's device
+(``SPECOPS_WORKER_DEVICE``, default ``cpu``), so the first request does not pay the load.
+Other versions are loaded on first use and kept, at most ``SPECOPS_RESIDENT_MODELS`` of them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+from celery.signals import worker_process_init
+
+from inference.conf import conf
+
+logger = logging.getLogger(__name__)
+
+
+class ModelResidency:
+    """An LRU of loaded models keyed by ModelVersion id (one per worker process)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._loaded: OrderedDict[int, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, version) -> object:
+        """Return the LoadedModel of ``version`` (an inference.models.ModelVersion), loading it once."""
+        with self._lock:
+            if version.pk in self._loaded:
+                self._loaded.move_to_end(version.pk)
+                return self._loaded[version.pk]
+            from inference.engine.loading import load_causal_lm
+
+            loaded = load_causal_lm(version.directory, device=version.device)
+            self._loaded[version.pk] = loaded
+            while len(self._loaded) > self.capacity:
+                evicted, _ = self._loaded.popitem(last=False)
+                logger.info("evicted model version %s", evicted)
+            return loaded
+
+    def resident_ids(self) -> list[int]:
+        return list(self._loaded)
+
+
+residency = ModelResidency(capacity=conf.RESIDENT_MODELS)
+
+
+def worker_device() -> str:
+    return conf.WORKER_DEVICE
+
+
+@worker_process_init.connect
+def preload_models(**kwargs) -> None:
+    """Load the active versions of this worker's device before the first task arrives."""
+    from inference.models import ModelVersion, VersionStatus
+
+    device = worker_device()
+    try:
+        versions = list(ModelVersion.objects.filter(status=VersionStatus.ACTIVE, device=device))
+        for version in versions:
+            residency.get(version)
+        logger.info("preloaded %d model version(s) on %s", len(versions), device)
+    except Exception:  # a missing model must not kill the worker; the task reports the error
+        logger.exception("preloading models on %s failed", device)
+    finally:
+        from django.db import connections
+
+        connections.close_all()

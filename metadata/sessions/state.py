@@ -1,0 +1,119 @@
+"""Session reads for the API and the workers, through the two-tier cache.
+
+Two regions per session, cached under separate keys so a write can invalidate just one:
+
+* ``state`` (id, tenant, status, token_count, updated_at): what speculative branches and pollers
+  read over and over. One index-only scan of ``session_state_covering``. Write-through: a write
+  reloads it from the primary right after commit, so the next burst starts warm.
+* ``detail``: the whole row with its target model, for ``GET /api/v1/sessions/{id}/``.
+  Cache-aside: read far less often, and its ``text`` is the large part.
+
+Writers that use ``Session.objects.filter(...).update(...)`` (no post_save signal) must call
+``invalidate_session(session_id)`` afterwards; ``save()`` and ``delete()`` are covered by the
+signal receivers below.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import connections
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from metadata.cache.redis_tier import RedisGuard, Versioned
+from metadata.cache.two_tier import CacheConfig, TwoTierCache, WritePolicy
+from metadata.models import Session
+from metadata.replicas.fallback import read_routed
+
+STATE = "state"
+DETAIL = "detail"
+REGIONS = (STATE, DETAIL)
+STATE_FIELDS = ("id", "tenant_id", "status", "token_count", "updated_at")
+
+_STATE_SQL = (
+    f"SELECT {', '.join(STATE_FIELDS)} FROM {Session._meta.db_table} WHERE id = %s"  # noqa: S608 (constants)
+)
+
+
+def load_session_state(ident: str, min_lsn: int = 0) -> Versioned:
+    """Read the state row where the router says (a replica that has replayed ``min_lsn``)."""
+    def read(alias: str) -> dict[str, Any] | None:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(_STATE_SQL, [ident])
+            row = cursor.fetchone()
+        return dict(zip(STATE_FIELDS, row)) if row is not None else None
+
+    value, route = read_routed(read, min_lsn)
+    return Versioned(value, route.source_lsn)
+
+
+def load_session_detail(ident: str, min_lsn: int = 0) -> Versioned:
+    """Read the session row and its target model where the router says."""
+    def read(alias: str) -> Session | None:
+        return Session.objects.using(alias).select_related("target").filter(pk=ident).first()
+
+    value, route = read_routed(read, min_lsn)
+    return Versioned(value, route.source_lsn)
+
+
+def build_state_cache(*, local: bool = True, redis: bool = True, coalesce: bool = True,
+                      guard: RedisGuard | None = None, config: CacheConfig | None = None) -> TwoTierCache:
+    """A session-state cache; the benchmark and tests build variants (a tier or coalescing off)."""
+    return TwoTierCache("session_state", load_session_state, WritePolicy.WRITE_THROUGH,
+                        local=local, redis=redis, coalesce=coalesce, guard=guard, config=config)
+
+
+_caches: dict[str, TwoTierCache] = {}
+_caches_lock = threading.Lock()
+
+
+def cache_for(region: str) -> TwoTierCache:
+    """The process-wide cache of ``region``."""
+    cache = _caches.get(region)
+    if cache is None:
+        with _caches_lock:
+            cache = _caches.get(region)
+            if cache is None:
+                if region == STATE:
+                    cache = build_state_cache()
+                elif region == DETAIL:
+                    cache = TwoTierCache("session_detail", load_session_detail, WritePolicy.CACHE_ASIDE)
+                else:
+                    raise ValueError(f"unknown session region {region!r}; expected one of {REGIONS}")
+                _caches[region] = cache
+    return cache
+
+
+def _ident(session_id: uuid.UUID | str) -> str:
+    return str(uuid.UUID(str(session_id)))  # one spelling per session, so one key
+
+
+def get_session_state(session_id: uuid.UUID | str) -> dict[str, Any] | None:
+    """``{"id", "tenant_id", "status", "token_count", "updated_at"}``, or None if there is no such
+    session. Never older than the caller's own writes."""
+    return cache_for(STATE).get(_ident(session_id))
+
+
+def get_session_detail(session_id: uuid.UUID | str) -> Session | None:
+    """The Session (with ``target`` loaded), or None. Treat it as read-only: it may be shared."""
+    return cache_for(DETAIL).get(_ident(session_id))
+
+
+def invalidate_session(session_id: uuid.UUID | str, regions: Iterable[str] = REGIONS) -> None:
+    """Invalidate the session's cached regions once the current transaction commits."""
+    ident = _ident(session_id)
+    for region in regions:
+        cache_for(region).invalidate(ident)
+
+
+@receiver(post_save, sender=Session, dispatch_uid="specops_session_cache_on_save")
+def _session_saved(sender, instance: Session, **kwargs) -> None:
+    invalidate_session(instance.pk)
+
+
+@receiver(post_delete, sender=Session, dispatch_uid="specops_session_cache_on_delete")
+def _session_deleted(sender, instance: Session, **kwargs) -> None:
+    invalidate_session(instance.pk)
