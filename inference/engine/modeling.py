@@ -66,18 +66,17 @@ def supports_lean_forward(model: PreTrainedModel) -> bool:
     return supported
 
 
-def _lean_logits(
+def _lean_hidden(
     model: PreTrainedModel,
-    # [1, new_tokens]
+    # [rows, new_tokens]
     input_ids: torch.Tensor,
     cache: DynamicCache,
-    keep: int,
-    # [1, 1, new_tokens, cached + new_tokens] or None
+    # [rows, 1, new_tokens, cached + new_tokens] or None
     attention_mask: torch.Tensor | None,
-    # [1, new_tokens] or None
+    # [rows, new_tokens] or None
     position_ids: torch.Tensor | None,
 ) -> torch.Tensor:
-    """The decoder stack of a Llama-family model, called module by module; [keep, vocab]."""
+    """The decoder stack of a Llama-family model, called module by module; [rows, new, hidden]."""
     inner = model.model
     hidden = inner.embed_tokens(input_ids)
     new_tokens = input_ids.shape[1]
@@ -92,7 +91,44 @@ def _lean_logits(
     for layer in inner.layers[: model.config.num_hidden_layers]:
         hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
                        position_ids=position_ids, cache=cache, use_cache=True)
-    return model.lm_head(inner.norm(hidden[:, -keep:]))[0]
+    return inner.norm(hidden)
+
+
+def _lean_logits(
+    model: PreTrainedModel,
+    # [1, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    keep: int,
+    # [1, 1, new_tokens, cached + new_tokens] or None
+    attention_mask: torch.Tensor | None,
+    # [1, new_tokens] or None
+    position_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """The last `keep` logits rows of one sequence; [keep, vocab]."""
+    hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids)
+    return model.lm_head(hidden[:, -keep:])[0]
+
+
+def forward_batch_logits(
+    model: PreTrainedModel,
+    # [rows, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    # [rows, 1, new_tokens, cached + new_tokens] additive mask (0 = may attend)
+    attention_mask: torch.Tensor,
+    # [rows, new_tokens] each row's own positions
+    position_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Run a batch of rows (ragged underneath: the mask says what each token sees); [rows, new, vocab].
+
+    The cache grows by `new_tokens` slots in every row. Used by the batched engine.
+    """
+    if supports_lean_forward(model):
+        return model.lm_head(_lean_hidden(model, input_ids, cache, attention_mask, position_ids))
+    output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
+                   position_ids=position_ids, use_cache=True)
+    return output.logits
 
 
 def forward_logits(
