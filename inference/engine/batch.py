@@ -1,0 +1,548 @@
+"""Continuous batching of speculative decoding: many sequences share every forward.
+
+`BatchedSpeculativeEngine` holds up to `max_rows` generations. Each `step()`:
+1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
+   or cancelled;
+2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
+3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
+   over the draft's KV cache); `tree` and `ngram` rows draft with their own drafter objects;
+4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
+   feeds its pending token plus its draft tree, a newcomer feeds the next chunk of its prompt
+   (at most `prefill_chunk` tokens, so a long prompt never stalls the running rows);
+5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row.
+
+Invariant between steps, per row: the target cache holds every context token but the last
+(the pending token). Output is exactly what `SpeculativeDecoder` gives alone: the same
+verifier (greedy or the rejection rule), the same stop rules, per-row seeded generators, and
+a row's hidden states depend only on its own tokens (the mask hides every other row and hole).
+
+A seeded sampled row drafts on its own adaptive schedule, not the policy's batch-dependent
+depth, so its tokens do not depend on its companions; greedy rows follow the policy freely
+(their output does not depend on the draft at all).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from inference.engine.config import DraftConfig, GenerationConfig
+from inference.engine.decoder import branches_of, check_prompt, make_generator, sampling_params
+from inference.engine.draft_length import DraftLengthSchedule
+from inference.engine.draft_tree import DraftTree
+from inference.engine.drafters import build_drafter
+from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.errors import ConfigError
+from inference.engine.modeling import align_vocab, context_length, logits_width
+from inference.engine.outputs import GenerationResult, StepOutput
+from inference.engine.policy import RowOutlook, SpeculationPolicy
+from inference.engine.ragged_cache import RaggedCache, RowInput
+from inference.engine.sampling import warp_probs
+from inference.engine.stats import GenerationStats
+from inference.engine.stopping import StopCondition
+from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
+
+FINISH_TIMEOUT = "timeout"
+FINISH_CANCELLED = "cancelled"
+FINISH_ERROR = "error"
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One generation to run in the batch.
+
+    drafter: a drafter kind, or "auto" to let the policy choose from running acceptance.
+    deadline: a time.monotonic() value after which the row ends with finish_reason "timeout".
+    """
+
+    request_id: Hashable
+    prompt_ids: list[int]
+    config: GenerationConfig
+    drafter: str = AUTO
+    draft_config: DraftConfig = field(default_factory=DraftConfig)
+    deadline: float | None = None
+
+
+@dataclass
+class RowEvent:
+    """What one step did for one row; `step.finish_reason` set means the row has left the batch."""
+
+    request_id: Hashable
+    step: StepOutput
+    stats: GenerationStats
+    # the bonus token (a leaf of the draft was reached) rather than the target's correction
+    bonus: bool = False
+    error: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.step.finish_reason is not None
+
+
+class _Row:
+    """Per-generation state of one batch row."""
+
+    def __init__(self, request: BatchRequest, drafter_kind: str, max_new_tokens: int,
+                 stop: StopCondition, device: torch.device) -> None:
+        self.request = request
+        self.drafter_kind = drafter_kind
+        self.config = request.config
+        self.context: list[int] = list(request.prompt_ids)
+        self.prompt_length = len(self.context)
+        self.generated: list[int] = []
+        self.max_new_tokens = max_new_tokens
+        self.stop = stop
+        self.sampling = sampling_params(request.config)
+        self.generator = make_generator(request.config.seed, device)
+        # a seeded sampled row drafts on its own schedule so companions cannot change its tokens
+        self.own_schedule = self.sampling is not None and request.config.seed is not None
+        self.drafter: Drafter | None = None
+        self.schedule: DraftLengthSchedule | None = None
+        self.stats = GenerationStats(prompt_tokens=len(self.context))
+        self.prefilled = 0  # prompt tokens in the target cache
+        # draft cache bookkeeping: the context prefix known to be in the draft cache, and the
+        # drafted tokens fed after it
+        self.draft_synced = 0
+        self.draft_extra: list[int] = []
+        self.finish_reason: str | None = None
+        self.error = ""
+        self.started = time.perf_counter()
+        self.depth_choices: dict[int, int] = {}
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens are still to be fed to the target."""
+        return self.prefilled < self.prompt_length
+
+    @property
+    def cached(self) -> int:
+        """Context tokens in the target cache: the prompt so far, or all but the pending token."""
+        return self.prefilled if self.prefilling else len(self.context) - 1
+
+    def chunk_end(self, chunk: int) -> int:
+        """End (exclusive) of the context this step feeds: the next prompt chunk, or all of it."""
+        if self.prefilling:
+            return min(self.prompt_length, self.prefilled + chunk)
+        return len(self.context)
+
+    def can_draft(self, chunk: int) -> bool:
+        """Drafting needs the whole context in this step's forward (decoding, or the last chunk)."""
+        return self.chunk_end(chunk) == len(self.context)
+
+    @property
+    def room(self) -> int:
+        """Draft positions the tokens left allow (one token of each step is the target's)."""
+        return self.max_new_tokens - len(self.generated) - 1
+
+
+class BatchedSpeculativeEngine:
+    """Runs many generations in shared forwards; add requests at any time, call `step()`.
+
+    target/draft: loaded models (PreTrainedModel) sharing a tokenizer; draft may be None.
+    decode: ids -> text, needed for stop strings. policy: None uses a SpeculationPolicy.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+        policy: SpeculationPolicy | None = None,
+        max_rows: int = 16,
+        prefill_chunk: int = 64,
+    ) -> None:
+        self.target = target
+        self.draft = draft
+        self.decode = decode
+        self.policy = policy or SpeculationPolicy()
+        self.max_rows = max_rows
+        self.prefill_chunk = prefill_chunk
+        self.device = target.device
+        self.vocab_width = logits_width(target)
+        self.context_length = context_length(target)
+        self.draft_vocab = draft.get_input_embeddings().num_embeddings if draft is not None else 0
+        self.draft_context = context_length(draft) if draft is not None else 0
+        self.target_cache = RaggedCache(target)
+        self.draft_cache = RaggedCache(draft) if draft is not None else None
+        self.rows: list[_Row] = []  # target cache row i is rows[i]
+        self.draft_rows: list[_Row] = []  # draft cache row i is draft_rows[i]
+        self.waiting: deque[_Row] = deque()
+        self._cancelled: set[Hashable] = set()
+        self.steps = 0
+        self.last_decision = None
+        self.last_forward = (0, 0)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def drafter_kinds(self) -> list[str]:
+        """Drafters this engine can run (those needing a draft model only with one)."""
+        kinds = ["ngram", "none"]
+        return (["draft_model", "tree"] + kinds) if self.draft is not None else kinds
+
+    def submit(self, request: BatchRequest) -> None:
+        """Queue a request; it joins at the next step. Bad settings raise here, not in a step."""
+        prompt = list(request.prompt_ids)
+        max_new = check_prompt(prompt, self.target, request.config.max_new_tokens)
+        stop = StopCondition(request.config, max_new, self.decode)
+        kind = request.drafter
+        if kind == AUTO:
+            kind = self._auto_drafter(request)
+        elif kind not in self.drafter_kinds():
+            raise ConfigError(f"drafter: {kind!r} cannot run here; available: "
+                              f"{', '.join(self.drafter_kinds())}")
+        row = _Row(request, kind, max_new, stop, self.device)
+        if kind in ("tree", "ngram", "none"):
+            row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
+                                        config=request.draft_config)
+            row.drafter.begin(prompt)
+            row.schedule = DraftLengthSchedule(request.draft_config, row.drafter.nominal_depth)
+        else:
+            row.schedule = DraftLengthSchedule(request.draft_config, request.draft_config.length)
+        self.waiting.append(row)
+
+    def _auto_drafter(self, request: BatchRequest) -> str:
+        available = [kind for kind in self.drafter_kinds() if kind != "tree"]
+        if request.config.seed is not None and not request.config.greedy:
+            return available[0]  # reproducible: never depends on other requests' history
+        return self.policy.choose_drafter(available, rows=max(1, len(self.rows)),
+                                          depth=request.draft_config.length)
+
+    def cancel(self, request_id: Hashable) -> None:
+        """End a request at the next step boundary (finish reason "cancelled")."""
+        self._cancelled.add(request_id)
+
+    @property
+    def active(self) -> int:
+        return len(self.rows) + len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.rows or self.waiting)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.rows) < self.max_rows:
+            row = self.waiting.popleft()
+            self.target_cache.add_row()
+            self.rows.append(row)
+            if row.drafter_kind == "draft_model":
+                self.draft_cache.add_row()
+                self.draft_rows.append(row)
+
+    # -- one step -------------------------------------------------------------------------
+
+    def step(self) -> list[RowEvent]:
+        """Run one verification step for every row; return an event per row that ran or ended."""
+        events: list[RowEvent] = []
+        for row in list(self.waiting):
+            if row.request.request_id in self._cancelled:
+                self.waiting.remove(row)
+                row.finish_reason = FINISH_CANCELLED
+                events.append(self._event(row, StepOutput([], 0, 0, [], FINISH_CANCELLED)))
+        self._admit()
+        now = time.monotonic()
+        for row in self.rows:
+            if row.request.request_id in self._cancelled:
+                row.finish_reason = FINISH_CANCELLED
+            elif row.request.deadline is not None and now >= row.request.deadline:
+                row.finish_reason = FINISH_TIMEOUT
+        ended = [row for row in self.rows if row.finish_reason is not None]
+        for row in ended:
+            events.append(self._event(row, StepOutput([], 0, 0, [], row.finish_reason)))
+        self._leave(ended)
+        if not self.rows:
+            return events
+        step_started = time.perf_counter()
+        with torch.inference_mode():
+            depth = self._choose_depth()
+            trees, draft_seconds = self._draft(depth)
+            results = self._verify(trees)
+        step_seconds = time.perf_counter() - step_started
+        for row, tree, result in zip(list(self.rows), trees, results):
+            events.append(self._advance(row, tree, result, step_seconds, draft_seconds))
+        self._leave([row for row in self.rows if row.finish_reason is not None])
+        self.target_cache.maybe_compact()
+        if self.draft_cache is not None and self.draft_rows:
+            self.draft_cache.maybe_compact()
+        self.steps += 1
+        return events
+
+    def _choose_depth(self) -> int:
+        outlooks = []
+        others = 0
+        width = 1
+        for row in self.rows:
+            width = max(width, len(self._context_new(row)))
+            if not row.can_draft(self.prefill_chunk) or row.own_schedule or not self.policy.enabled:
+                others += 1
+            else:
+                outlooks.append(RowOutlook(row.drafter_kind, self._depth_cap(row)))
+        decision = self.policy.decide(outlooks, other_rows=others, width=width)
+        self.last_decision = decision
+        return decision.depth
+
+    def _depth_cap(self, row: _Row) -> int:
+        """The deepest draft the row can take: its tokens left, the draft's positions."""
+        if row.drafter_kind == "none":
+            return 0
+        cap = min(row.room, self.policy.max_depth)
+        if row.drafter_kind == "draft_model":
+            cap = min(cap, self.draft_context - len(row.context) + 1)
+        return max(cap, 0)
+
+    def _row_depth(self, row: _Row, policy_depth: int) -> int:
+        if not row.can_draft(self.prefill_chunk) or row.drafter_kind == "none":
+            return 0
+        if row.own_schedule or not self.policy.enabled:
+            return max(0, min(row.schedule.length, row.room))
+        return max(0, min(policy_depth, self._depth_cap(row)))
+
+    # -- drafting -------------------------------------------------------------------------
+
+    def _draft(self, policy_depth: int) -> tuple[list[DraftTree], float]:
+        started = time.perf_counter()
+        depths = [self._row_depth(row, policy_depth) for row in self.rows]
+        trees: dict[int, DraftTree] = {}
+        chain_rows = [row for row in self.draft_rows if row.finish_reason is None]
+        if chain_rows:
+            wanted = {id(row): depth for row, depth in zip(self.rows, depths)}
+            trees.update(self._draft_chains(wanted))
+        for row, depth in zip(self.rows, depths):
+            row.depth_choices[depth] = row.depth_choices.get(depth, 0) + 1
+            if id(row) in trees or row.drafter is None or depth == 0:
+                continue
+            row_started = time.perf_counter()
+            trees[id(row)] = row.drafter.propose(
+                row.context, DraftRequest(depth, row.sampling, row.generator))
+            self.policy.observe_row_draft(row.drafter_kind, depth, time.perf_counter() - row_started)
+        return [trees.get(id(row), DraftTree.empty()) for row in self.rows], time.perf_counter() - started
+
+    def _draftable(self, token_ids: list[int]) -> list[int]:
+        """Ids the draft can read: one it lacks (a padded target vocabulary) reads as id 0."""
+        vocab = self.draft_vocab
+        return [token if token < vocab else 0 for token in token_ids]
+
+    def _draft_chains(self, wanted: dict[int, int]) -> dict[int, DraftTree]:
+        """Draft every draft_model row's chain with shared draft forwards; rows keep in sync."""
+        cache = self.draft_cache
+        inputs: list[RowInput] = []
+        drafting: list[int] = []
+        for index, row in enumerate(self.draft_rows):
+            depth = wanted.get(id(row), 0)
+            if depth == 0 and not row.prefilling:
+                inputs.append(RowInput([], []))  # the draft catches up when it next drafts
+                continue
+            common = row.draft_synced
+            for token in row.draft_extra:
+                if common < len(row.context) and row.context[common] == token:
+                    common += 1
+                else:
+                    break
+            # never keep the last context token cached: its logits are what we need
+            common = min(common, len(row.context) - 1)
+            cache.truncate_row(index, common)
+            end = row.chunk_end(self.prefill_chunk)
+            inputs.append(RowInput(self._draftable(row.context[common:end]), list(range(common, end))))
+            row.draft_synced, row.draft_extra = end, []
+            if depth > 0:
+                drafting.append(index)
+        if not any(item.token_ids for item in inputs):
+            return {}
+        forward_started = time.perf_counter()
+        logits = cache.forward(inputs)
+        self._observe_draft(inputs, forward_started)
+        tokens: dict[int, list[int]] = {index: [] for index in drafting}
+        log_probs: dict[int, list[float]] = {index: [] for index in drafting}
+        rows_q: dict[int, list[torch.Tensor]] = {index: [] for index in drafting}
+        # [vocab] the draft's logits for the next position of each drafting row
+        current = {index: align_vocab(logits[index][-1:], self.vocab_width)[0] for index in drafting}
+        open_rows = list(drafting)
+        position = 0
+        while open_rows:
+            feed: dict[int, int] = {}
+            for index in open_rows:
+                row = self.draft_rows[index]
+                token = self._draw(row, current[index], position, tokens[index], log_probs[index],
+                                   rows_q[index])
+                if token is None or len(tokens[index]) >= wanted[id(row)]:
+                    continue
+                feed[index] = token
+            open_rows = list(feed)
+            if not open_rows:
+                break
+            step_inputs = [RowInput([], []) for _ in self.draft_rows]
+            for index, token in feed.items():
+                row = self.draft_rows[index]
+                at = len(row.context) + len(row.draft_extra)
+                step_inputs[index] = RowInput(self._draftable([token]), [at])
+                row.draft_extra.append(token)
+            forward_started = time.perf_counter()
+            logits = cache.forward(step_inputs)
+            self._observe_draft(step_inputs, forward_started)
+            for index in open_rows:
+                current[index] = align_vocab(logits[index], self.vocab_width)[0]
+            position += 1
+        trees = {}
+        for index in drafting:
+            row = self.draft_rows[index]
+            q = torch.stack(rows_q[index]) if rows_q[index] else None
+            trees[id(row)] = DraftTree.chain(tokens[index], log_probs[index], q)
+        return trees
+
+    def _draw(self, row: _Row, logits: torch.Tensor, position: int, tokens: list[int],
+              log_probs: list[float], rows_q: list[torch.Tensor]) -> int | None:
+        """Append the row's next draft token (greedy or sampled from q); None to stop drafting."""
+        threshold = row.request.draft_config.confidence_threshold
+        if row.sampling is None:
+            log_q = logits.log_softmax(dim=-1)
+            best, token_tensor = log_q.max(dim=-1)
+            if threshold and position > 0 and float(best) < math.log(threshold):
+                return None
+            token = int(token_tensor)
+            log_probs.append(float(best))
+        else:
+            q = warp_probs(logits[None], row.sampling)[0]
+            if threshold and position > 0 and float(q.max()) < threshold:
+                return None
+            token = int(torch.multinomial(q, 1, generator=row.generator))
+            log_probs.append(float(q[token].log()))
+            rows_q.append(q)
+        tokens.append(token)
+        return token
+
+    def _observe_draft(self, inputs: list[RowInput], started: float) -> None:
+        rows = sum(1 for item in inputs if item.token_ids)
+        tokens = max(len(item.token_ids) for item in inputs)
+        self.policy.draft_costs.observe(rows, tokens, time.perf_counter() - started)
+
+    # -- verification ---------------------------------------------------------------------
+
+    def _context_new(self, row: _Row) -> list[int]:
+        """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
+        return row.context[row.cached:row.chunk_end(self.prefill_chunk)]
+
+    def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
+        """One target forward for every row; the verdict per row (None: a prefill chunk)."""
+        inputs = []
+        for row, tree in zip(self.rows, trees):
+            context_new = self._context_new(row)
+            cached, new = row.cached, len(context_new)
+            new_mask = None
+            if not tree.is_chain:
+                new_mask = torch.ones(new + len(tree), new + len(tree), dtype=torch.bool).tril_()
+                new_mask[new:, new:] = tree.ancestor_matrix()
+            last = cached + new - 1
+            positions = list(range(cached, cached + new)) + [last + depth for depth in tree.depths]
+            inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
+        forward_started = time.perf_counter()
+        logits = self.target_cache.forward(inputs)
+        self.policy.target_costs.observe(len(inputs), max(len(item.token_ids) for item in inputs),
+                                         time.perf_counter() - forward_started)
+        self.last_forward = (len(inputs), max(len(item.token_ids) for item in inputs))
+        start = self.target_cache.last_start
+        results: list[VerifyResult | None] = []
+        for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
+            new = len(inputs[index].token_ids) - len(tree)
+            if row.prefilling:
+                row.prefilled += new
+                if row.prefilling:
+                    results.append(None)
+                    continue
+            # [1 + nodes, vocab]: after the last context token, then after each node
+            row_logits = row_logits[new - 1:]
+            try:
+                result = self._verdict(row, tree, row_logits)
+            except Exception as error:  # a row's own failure ends that row, not the batch
+                row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
+                results.append(None)
+                continue
+            if len(tree):
+                accepted = set(result.accepted_nodes)
+                rejected = [start + new + node for node in range(len(tree)) if node not in accepted]
+                self.target_cache.drop(index, rejected)
+            results.append(result)
+        return results
+
+    def _verdict(
+        self,
+        row: _Row,
+        tree: DraftTree,
+        # [1 + nodes, vocab_size]
+        logits: torch.Tensor,
+    ) -> VerifyResult:
+        if row.sampling is None:
+            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return verify_sampling(tree, warp_probs(logits, row.sampling), row.generator)
+
+    def _advance(self, row: _Row, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
+                 draft_seconds: float) -> RowEvent:
+        if result is None:
+            # still prefilling (or failed): no tokens this step
+            return self._event(row, StepOutput([], 0, 0, [], row.finish_reason))
+        accepted = len(result.accepted_nodes)
+        new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
+        emitted, finish_reason = row.stop.clip(row.generated, new_tokens)
+        row.generated.extend(emitted)
+        row.context.extend(emitted)
+        row.finish_reason = finish_reason
+        if tree.max_depth:
+            row.schedule.update(tree.max_depth, accepted)
+            self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted)
+        stats = row.stats
+        stats.record_step(len(tree), tree.max_depth, accepted)
+        stats.new_tokens = len(row.generated)
+        stats.draft_seconds += draft_seconds
+        stats.verify_seconds += step_seconds - draft_seconds
+        stats.total_seconds = time.perf_counter() - row.started
+        bonus = bool(tree.max_depth) and not tree.children[result.accepted_nodes[-1] + 1] \
+            if result.accepted_nodes else False
+        step = StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
+                          finish_reason)
+        return self._event(row, step, bonus)
+
+    def _event(self, row: _Row, step: StepOutput, bonus: bool = False) -> RowEvent:
+        return RowEvent(row.request.request_id, step, row.stats, bonus, row.error)
+
+    def _leave(self, rows: Iterable[_Row]) -> None:
+        leaving = {id(row) for row in rows}
+        if not leaving:
+            return
+        for row in rows:
+            self._cancelled.discard(row.request.request_id)
+        keep = [index for index, row in enumerate(self.rows) if id(row) not in leaving]
+        self.target_cache.keep_rows(keep)
+        self.rows = [self.rows[index] for index in keep]
+        if self.draft_cache is not None:
+            keep = [index for index, row in enumerate(self.draft_rows) if id(row) not in leaving]
+            if len(keep) != len(self.draft_rows):
+                self.draft_cache.keep_rows(keep)
+                self.draft_rows = [self.draft_rows[index] for index in keep]
+
+    # -- convenience -------------------------------------------------------------------------
+
+    def run(self, requests: Iterable[BatchRequest],
+            arrivals: dict[Hashable, int] | None = None) -> dict[Hashable, GenerationResult]:
+        """Run `requests` to completion; `arrivals` maps a request id to the step it joins at."""
+        pending = list(requests)
+        arrivals = arrivals or {}
+        tokens: dict[Hashable, list[int]] = {request.request_id: [] for request in pending}
+        results: dict[Hashable, GenerationResult] = {}
+        step = 0
+        while pending or self.has_work():
+            for request in [r for r in pending if arrivals.get(r.request_id, 0) <= step]:
+                pending.remove(request)
+                self.submit(request)
+            for event in self.step():
+                tokens[event.request_id].extend(event.step.token_ids)
+                if event.finished:
+                    results[event.request_id] = GenerationResult(
+                        tokens[event.request_id], event.step.finish_reason, event.stats)
+            step += 1
+        return results

@@ -1,0 +1,216 @@
+"""How far to speculate at each step of a batch, from measured costs and running acceptance.
+
+Speculation pays when the tokens a step is expected to yield grow faster than its cost. On a
+lone sequence a target forward over five tokens costs little more than over one, so drafting
+wins; in a large batch the forward is compute-bound and every drafted token costs almost as
+much as a real one, so drafting deep loses (the top complaint of vLLM, SGLang and TGI users is
+exactly this). The policy therefore picks, per step, the draft depth k (0 = no speculation)
+that maximises
+
+    throughput(k) = sum over rows of E_r(k)  /  (target_cost(rows, k + 1) + draft_cost(k))
+
+where E_r(k) = 1 + sum_{d<=k} prod_{j<=d} a_j is a row's expected tokens per step with a_j its
+drafter's running conditional acceptance at position j, and the costs come from a model of
+forward time fitted online to the forwards the batch actually ran (seeded by a short warm-up).
+Terms used below: "depth" is how many positions are drafted; "acceptance at position j" is the
+chance that position j is accepted given that positions 1..j-1 were.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+# Priors, worth a few steps each: a drafter starts out assumed useful, so it gets measured.
+_PRIOR_ACCEPTANCE = {"draft_model": 0.7, "tree": 0.75, "ngram": 0.5}
+_PRIOR_WEIGHT = 4.0
+# Exponential forgetting of acceptance counts, so the policy follows drift (new prompts, models).
+_DECAY = 0.995
+
+
+class ForwardCostModel:
+    """Seconds of one forward as a function of batch rows and new tokens per row.
+
+    Least squares over the last `window` observations of
+        seconds = a + b * rows + c * rows * tokens
+    (fixed overhead, per-row overhead such as cache gathers and sampling, per-token compute).
+    Until three distinct shapes have been seen the model extrapolates from the mean cost per token.
+    """
+
+    def __init__(self, window: int = 256) -> None:
+        self._observations: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._coefficients: tuple[float, float, float] | None = None
+        self._dirty = 0
+
+    def observe(self, rows: int, tokens: int, seconds: float) -> None:
+        if rows <= 0 or tokens <= 0 or seconds <= 0:
+            return
+        self._observations.append((rows, tokens, seconds))
+        self._dirty += 1
+        if self._coefficients is None or self._dirty >= 16:
+            self._fit()
+
+    def _fit(self) -> None:
+        self._dirty = 0
+        shapes = {(rows, tokens) for rows, tokens, _ in self._observations}
+        if len(shapes) < 3:
+            self._coefficients = None
+            return
+        # [observations, 3]
+        features = torch.tensor([[1.0, rows, rows * tokens] for rows, tokens, _ in self._observations],
+                                dtype=torch.float64)
+        # [observations, 1]
+        seconds = torch.tensor([[s] for _, _, s in self._observations], dtype=torch.float64)
+        solution = torch.linalg.lstsq(features, seconds).solution[:, 0].clamp_min(0.0).tolist()
+        self._coefficients = (solution[0], solution[1], solution[2])
+
+    @property
+    def observations(self) -> int:
+        return len(self._observations)
+
+    def estimate(self, rows: int, tokens: int) -> float:
+        if rows <= 0 or tokens <= 0:
+            return 0.0
+        if self._coefficients is not None:
+            a, b, c = self._coefficients
+            if c > 0:
+                return a + b * rows + c * rows * tokens
+        if not self._observations:
+            return 1e-3 * rows * tokens
+        per_token = sum(s for _, _, s in self._observations) / sum(
+            r * t for r, t, _ in self._observations)
+        return per_token * rows * tokens
+
+
+@dataclass
+class AcceptanceTracker:
+    """Conditional acceptance per draft position, with exponential forgetting."""
+
+    prior: float
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def observe(self, depth: int, accepted: int) -> None:
+        """One step drafted `depth` positions and the target accepted the first `accepted`."""
+        if depth <= 0:
+            return
+        missing = depth - len(self.reached)
+        if missing > 0:
+            self.reached.extend([0.0] * missing)
+            self.accepted.extend([0.0] * missing)
+        for position in range(len(self.reached)):
+            self.reached[position] *= _DECAY
+            self.accepted[position] *= _DECAY
+        # position j (0-based) was reached when 0..j-1 were accepted
+        for position in range(min(accepted + 1, depth)):
+            self.reached[position] += 1.0
+            if position < accepted:
+                self.accepted[position] += 1.0
+
+    def rate(self, position: int) -> float:
+        """P(position accepted | earlier positions accepted), 0-based, shrunk to the prior."""
+        reached = self.reached[position] if position < len(self.reached) else 0.0
+        accepted = self.accepted[position] if position < len(self.accepted) else 0.0
+        prior = self.rate(position - 1) if position > 0 and reached < 1.0 else self.prior
+        return (accepted + prior * _PRIOR_WEIGHT) / (reached + _PRIOR_WEIGHT)
+
+    def expected_tokens(self, depth: int) -> float:
+        """Tokens one step yields with `depth` drafted positions (the target's own token included)."""
+        expected, survive = 1.0, 1.0
+        for position in range(depth):
+            survive *= self.rate(position)
+            expected += survive
+        return expected
+
+
+@dataclass(frozen=True)
+class RowOutlook:
+    """What the policy needs to know of one decoding row this step."""
+
+    drafter: str
+    # the deepest draft the row may take this step (tokens and context left), 0 when none
+    max_depth: int
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    depth: int
+    expected_tokens: float
+    estimated_seconds: float
+
+
+class SpeculationPolicy:
+    """Chooses the draft depth of each batch step; `enabled=False` always drafts `max_depth`."""
+
+    def __init__(self, max_depth: int = 8, enabled: bool = True) -> None:
+        self.max_depth = max_depth
+        self.enabled = enabled
+        self.target_costs = ForwardCostModel()
+        self.draft_costs = ForwardCostModel()
+        # seconds per drafted position of a drafter that runs per row (tree, ngram)
+        self.row_draft_seconds: dict[str, float] = {"ngram": 2e-5}
+        self.acceptance: dict[str, AcceptanceTracker] = {}
+
+    def tracker(self, drafter: str) -> AcceptanceTracker:
+        tracker = self.acceptance.get(drafter)
+        if tracker is None:
+            tracker = self.acceptance[drafter] = AcceptanceTracker(_PRIOR_ACCEPTANCE.get(drafter, 0.5))
+        return tracker
+
+    def observe_acceptance(self, drafter: str, depth: int, accepted: int) -> None:
+        self.tracker(drafter).observe(depth, accepted)
+
+    def observe_row_draft(self, drafter: str, depth: int, seconds: float) -> None:
+        if depth > 0:
+            previous = self.row_draft_seconds.get(drafter, seconds / depth)
+            self.row_draft_seconds[drafter] = 0.9 * previous + 0.1 * seconds / depth
+
+    def _seconds(self, rows: int, batched_draft_rows: int, per_row: list[str], depth: int,
+                 width: int) -> float:
+        """Estimated seconds of a step drafting `depth` positions (`width` = forward's min tokens)."""
+        seconds = self.target_costs.estimate(rows, max(depth + 1, width))
+        if depth > 0 and batched_draft_rows:
+            # the first draft forward reads one or two context tokens, then one per position
+            seconds += self.draft_costs.estimate(batched_draft_rows, 2)
+            seconds += (depth - 1) * self.draft_costs.estimate(batched_draft_rows, 1)
+        for drafter in per_row:
+            seconds += depth * self.row_draft_seconds.get(drafter, 0.0)
+        return seconds
+
+    def decide(self, outlooks: list[RowOutlook], other_rows: int = 0, width: int = 1) -> PolicyDecision:
+        """The depth to draft for the decoding rows in `outlooks`.
+
+        other_rows: rows in the same forward that do not draft (prefilling, seeded rows on their
+        own schedule); they add to the forward's cost and yield their own tokens either way.
+        width: the fewest tokens per row the forward will have anyway (a prefill chunk).
+        """
+        rows = len(outlooks) + other_rows
+        deepest = min(self.max_depth, max((o.max_depth for o in outlooks), default=0))
+        if not self.enabled or deepest == 0:
+            return PolicyDecision(deepest, 0.0, 0.0)
+        batched = sum(1 for o in outlooks if o.drafter == "draft_model")
+        per_row = [o.drafter for o in outlooks if o.drafter not in ("draft_model", "none")]
+        best = None
+        for depth in range(deepest + 1):
+            tokens = float(other_rows)
+            for outlook in outlooks:
+                reach = min(depth, outlook.max_depth) if outlook.drafter != "none" else 0
+                tokens += self.tracker(outlook.drafter).expected_tokens(reach)
+            seconds = self._seconds(rows, batched, per_row, depth, width)
+            if best is None or tokens / seconds > best.expected_tokens / best.estimated_seconds:
+                best = PolicyDecision(depth, tokens, seconds)
+        return best
+
+    def choose_drafter(self, available: list[str], rows: int, depth: int = 4) -> str:
+        """For `drafter: "auto"`: the available drafter with the best expected tokens per second."""
+        best, best_rate = available[0], -1.0
+        for drafter in available:
+            reach = 0 if drafter == "none" else depth
+            per_row = [] if drafter in ("draft_model", "none") else [drafter]
+            seconds = self._seconds(rows, rows if drafter == "draft_model" else 0, per_row, reach, 1)
+            rate = self.tracker(drafter).expected_tokens(reach) / max(seconds, 1e-9)
+            if rate > best_rate:
+                best, best_rate = drafter, rate
+        return best

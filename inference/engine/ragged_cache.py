@@ -1,0 +1,174 @@
+"""One KV cache shared by many sequences of different lengths: holes are masked, never re-encoded.
+
+transformers' `DynamicCache` keeps one length for every batch row. Rows of a speculative batch
+accept different numbers of tokens per step, start at different times and leave when they are
+done, so the cache here is a `DynamicCache` of width `L` plus a boolean `slots` matrix
+[rows, L] that says which slots hold a token of the row's sequence. A forward appends the same
+number of slots `T` to every row (rows with fewer new tokens are padded), builds the additive
+4-D mask [rows, 1, T, L + T] from `slots` and the per-row masks among the new tokens, and
+takes explicit per-row `position_ids`, so a row's hidden states are exactly those of its own
+sequence run alone. Rejected draft tokens and padding become holes (`slots` false);
+`compact()` squeezes them out when they grow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from inference.engine.kv_cache import new_cache
+from inference.engine.modeling import forward_batch_logits
+
+
+@dataclass
+class RowInput:
+    """What one row feeds in one forward.
+
+    token_ids: the new tokens; positions: their position ids (the row's own, not the slot index).
+    new_mask: [new, new] bool, which new tokens each new token may see (None: causal).
+    cached_visible: [new, L] bool, which cached slots each new token may see (None: every slot
+    of the row's sequence). A row with no tokens is padding for this forward.
+    """
+
+    token_ids: list[int]
+    positions: list[int]
+    new_mask: torch.Tensor | None = None
+    cached_visible: torch.Tensor | None = None
+
+
+class RaggedCache:
+    """A batched KV cache whose rows hold sequences of different lengths."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        self.model = model
+        self.cache = new_cache(model)
+        # [rows, L] which slots hold a token of the row's sequence
+        self.slots = torch.zeros(0, 0, dtype=torch.bool)
+        # the slot index of the first token the last forward appended
+        self.last_start = 0
+
+    @property
+    def rows(self) -> int:
+        return self.slots.shape[0]
+
+    @property
+    def width(self) -> int:
+        return self.slots.shape[1]
+
+    def lengths(self) -> list[int]:
+        """Tokens held per row."""
+        return self.slots.sum(dim=1).tolist()
+
+    def _layers(self):
+        return [layer for layer in self.cache.layers if layer.is_initialized and layer.keys.numel()]
+
+    def add_row(self) -> int:
+        """Append an empty row (every slot a hole); return its index."""
+        self.slots = torch.cat((self.slots, torch.zeros(1, self.width, dtype=torch.bool)))
+        for layer in self._layers():
+            shape = (1, *layer.keys.shape[1:])
+            layer.keys = torch.cat((layer.keys, layer.keys.new_zeros(shape)))
+            layer.values = torch.cat((layer.values, layer.values.new_zeros(shape)))
+        return self.rows - 1
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only `rows`, in that order (the others leave the batch)."""
+        index = torch.tensor(rows, dtype=torch.long)
+        self.slots = self.slots.index_select(0, index)
+        for layer in self._layers():
+            device_index = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, device_index)
+            layer.values = layer.values.index_select(0, device_index)
+        if not rows:
+            self.reset()
+
+    def reset(self) -> None:
+        self.cache = new_cache(self.model)
+        self.slots = torch.zeros(0, 0, dtype=torch.bool)
+
+    def row_slots(self, row: int) -> list[int]:
+        """Slot indices of the row's sequence, in order."""
+        return self.slots[row].nonzero()[:, 0].tolist()
+
+    def drop(self, row: int, slots: list[int]) -> None:
+        """Turn `slots` of `row` into holes (rejected drafts, tree nodes, padding)."""
+        if slots:
+            self.slots[row, slots] = False
+
+    def truncate_row(self, row: int, length: int) -> None:
+        """Keep the first `length` tokens of the row's sequence."""
+        self.drop(row, self.row_slots(row)[length:])
+
+    def holes(self) -> int:
+        return self.width * self.rows - int(self.slots.sum())
+
+    def compact(self) -> None:
+        """Move every row's tokens to the front; the width becomes the longest row's length."""
+        lengths = self.lengths()
+        longest = max(lengths, default=0)
+        if longest == self.width:
+            return
+        index = torch.zeros(self.rows, longest, dtype=torch.long)
+        slots = torch.zeros(self.rows, longest, dtype=torch.bool)
+        for row, length in enumerate(lengths):
+            index[row, :length] = self.slots[row].nonzero()[:, 0]
+            slots[row, :length] = True
+        for layer in self._layers():
+            device_index = index.to(layer.keys.device)
+            gather = device_index[:, None, :, None].expand(-1, layer.keys.shape[1], -1,
+                                                            layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, gather)
+            layer.values = layer.values.gather(2, gather)
+        self.slots = slots
+
+    def maybe_compact(self, max_hole_share: float = 0.5, min_width: int = 64) -> bool:
+        """Compact when holes are more than `max_hole_share` of a cache at least `min_width` wide."""
+        if self.width >= min_width and self.holes() > max_hole_share * self.width * self.rows:
+            self.compact()
+            return True
+        return False
+
+    def forward(self, inputs: list[RowInput]) -> list[torch.Tensor]:
+        """Run every row's new tokens in one forward; return each row's logits, [new, vocab].
+
+        Every row gains T = max(new tokens) slots; a row's slots beyond its own tokens are holes.
+        """
+        if len(inputs) != self.rows:
+            raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
+        new = max((len(row.token_ids) for row in inputs), default=0)
+        if new == 0:
+            return [torch.empty(0) for _ in inputs]
+        width = self.width
+        device = self.model.device
+        input_ids = torch.zeros(self.rows, new, dtype=torch.long)
+        position_ids = torch.zeros(self.rows, new, dtype=torch.long)
+        # [rows, new, width + new]; a padding query sees only itself (so softmax has a key)
+        allowed = torch.zeros(self.rows, new, width + new, dtype=torch.bool)
+        allowed[:, torch.arange(new), width + torch.arange(new)] = True
+        new_slots = torch.zeros(self.rows, new, dtype=torch.bool)
+        for row, item in enumerate(inputs):
+            count = len(item.token_ids)
+            if count == 0:
+                continue
+            input_ids[row, :count] = torch.tensor(item.token_ids, dtype=torch.long)
+            position_ids[row, :count] = torch.tensor(item.positions, dtype=torch.long)
+            if item.cached_visible is not None:
+                allowed[row, :count, :width] = item.cached_visible
+            else:
+                allowed[row, :count, :width] = self.slots[row]
+            if item.new_mask is not None:
+                allowed[row, :count, width:width + count] = item.new_mask
+            else:
+                allowed[row, :count, width:width + count] = torch.ones(
+                    count, count, dtype=torch.bool).tril_()
+            new_slots[row, :count] = True
+        dtype = self.model.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        # [rows, new, vocab]
+        logits = forward_batch_logits(self.model, input_ids.to(device), self.cache,
+                                      mask[:, None].to(device), position_ids.to(device))
+        self.slots = torch.cat((self.slots, new_slots), dim=1)
+        self.last_start = width
+        return [logits[row, :len(item.token_ids)] for row, item in enumerate(inputs)]
