@@ -1,0 +1,199 @@
+"""Continuous batching: every row's output is what the row would produce alone, whatever its companions.
+
+Property tests draw a batch of requests (random prompts and lengths, every drafter mixed in one
+batch, draft lengths 1-6, EOS and stop strings that fire inside drafts, max_new_tokens reached
+mid-draft) with random arrival steps and a small batch limit, so rows join while others decode,
+prefill in chunks next to them and leave while others continue. Greedy rows must equal the
+target's own greedy output; seeded sampled rows must equal the single-sequence decoder's output
+with the same seed; unseeded sampled rows in a busy batch must follow the target's distribution.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
+from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest
+from inference.engine.policy import SpeculationPolicy
+from inference.engine.ragged_cache import RaggedCache, RowInput
+from inference.engine.sampling import SamplingParams, warp_probs
+from inference.engine.target_only import generate_plain
+
+from .chi_square import joint_p_value
+from .conftest import ARCHS, VOCAB_SIZE, draft_model, noisy_copy, target_model
+
+DRAFTERS = ("draft_model", "ngram", "tree", "none", "auto")
+PROPERTY_SETTINGS = settings(max_examples=10, deadline=None, derandomize=True,
+                             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _decode(tokens: list[int]) -> str:
+    return "".join(f"<{token}>" for token in tokens)
+
+
+@st.composite
+def batches(draw, sampled: bool = False):
+    count = draw(st.integers(2, 7))
+    requests, arrivals = [], {}
+    for index in range(count):
+        prompt = draw(st.lists(st.integers(2, VOCAB_SIZE - 1), min_size=1, max_size=30))
+        stop = draw(st.sampled_from([(), (), (f"<{draw(st.integers(2, VOCAB_SIZE - 1))}>",)]))
+        generation = GenerationConfig(
+            max_new_tokens=draw(st.integers(1, 24)),
+            eos_token_id=draw(st.sampled_from([None, 1, (1, draw(st.integers(2, VOCAB_SIZE - 1)))])),
+            stop_strings=stop,
+            temperature=1.0 if sampled else 0.0,
+            top_k=draw(st.sampled_from([0, 5])) if sampled else 0,
+            seed=draw(st.integers(0, 1000)) if sampled else None,
+        )
+        draft = DraftConfig(length=draw(st.integers(1, 6)), adaptive=draw(st.booleans()),
+                            tree_width=draw(st.integers(1, 3)), tree_depth=draw(st.integers(1, 4)),
+                            node_budget=draw(st.integers(1, 8)))
+        requests.append(BatchRequest(index, prompt, generation, draw(st.sampled_from(DRAFTERS)), draft))
+        arrivals[index] = draw(st.integers(0, 6))
+    return requests, arrivals
+
+
+def _engine(arch: str, which_draft: str = "noisy", **options) -> BatchedSpeculativeEngine:
+    draft = noisy_copy(arch) if which_draft == "noisy" else draft_model(arch)
+    return BatchedSpeculativeEngine(target_model(arch), draft, decode=_decode, **options)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@PROPERTY_SETTINGS
+@given(batch=batches(), max_rows=st.integers(1, 5), chunk=st.sampled_from([3, 8, 64]),
+       policy_on=st.booleans())
+def test_greedy_rows_equal_the_targets_own_greedy_output(arch, batch, max_rows, chunk, policy_on):
+    requests, arrivals = batch
+    engine = _engine(arch, max_rows=max_rows, prefill_chunk=chunk,
+                     policy=SpeculationPolicy(enabled=policy_on))
+    results = engine.run(requests, arrivals)
+    target = target_model(arch)
+    for request in requests:
+        expected = generate_plain(target, request.prompt_ids, request.config, decode=_decode)
+        got = results[request.request_id]
+        assert got.token_ids == expected.token_ids, (request.request_id, request.drafter)
+        assert got.finish_reason == expected.finish_reason
+    assert not engine.has_work() and engine.target_cache.rows == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@PROPERTY_SETTINGS
+@given(batch=batches(sampled=True), max_rows=st.integers(1, 5), chunk=st.sampled_from([4, 64]))
+def test_a_seeded_sampled_row_gives_the_same_tokens_whatever_its_companions(arch, batch, max_rows,
+                                                                            chunk):
+    requests, arrivals = batch
+    target, draft = target_model(arch), noisy_copy(arch)
+    results = _engine(arch, max_rows=max_rows, prefill_chunk=chunk).run(requests, arrivals)
+    for request in requests:
+        kind = request.drafter if request.drafter != "auto" else "draft_model"
+        decoder = SpeculativeDecoder(target, build_drafter(kind, target=target, draft=draft,
+                                                           config=request.draft_config),
+                                     decode=_decode)
+        alone = decoder.generate(request.prompt_ids, request.config)
+        assert results[request.request_id].token_ids == alone.token_ids, request.request_id
+
+
+VOCAB = 8
+PROMPT = [3, 1, 4]
+
+
+@torch.inference_mode()
+def _exact_joint(model, params: SamplingParams) -> np.ndarray:
+    first = warp_probs(model(torch.tensor([PROMPT])).logits[0, -1:], params)[0]
+    batch = torch.tensor([PROMPT + [token] for token in range(VOCAB)])
+    second = warp_probs(model(batch).logits[:, -1], params)
+    return (first[:, None] * second).double().numpy().ravel()
+
+
+@pytest.mark.parametrize("kind", ["draft_model", "tree"])
+def test_sampling_in_a_busy_batch_follows_the_target_distribution(kind):
+    """2,000 unseeded rows (the policy sets their depth) next to greedy companions of other lengths."""
+    target, draft = target_model("llama", vocab_size=VOCAB), draft_model("llama", vocab_size=VOCAB)
+    engine = BatchedSpeculativeEngine(target, draft, max_rows=24, prefill_chunk=4)
+    torch.manual_seed(0)
+    runs = 2000
+    sampled = GenerationConfig(max_new_tokens=3, temperature=1.0)
+    config = DraftConfig(length=2, tree_width=3, tree_depth=2, node_budget=6)
+    requests = [BatchRequest(("s", run), PROMPT, sampled, kind, config) for run in range(runs)]
+    requests += [BatchRequest(("g", run), [5, 2, 7, 1, 0, 6][: 1 + run % 6],
+                              GenerationConfig(max_new_tokens=2 + run % 7), "draft_model", config)
+                 for run in range(200)]
+    arrivals = {request.request_id: index // 12 for index, request in enumerate(requests)}
+    results = engine.run(requests, arrivals)
+    counts = np.zeros(VOCAB * VOCAB)
+    drafted = 0
+    for run in range(runs):
+        result = results[("s", run)]
+        counts[result.token_ids[0] * VOCAB + result.token_ids[1]] += 1
+        drafted += result.stats.drafted
+    assert drafted > 0
+    params = SamplingParams(1.0)
+    assert joint_p_value(counts, _exact_joint(target, params)) > 1e-3
+    assert joint_p_value(counts, _exact_joint(draft, params)) < 1e-6  # negative control
+
+
+def test_holes_and_compaction_leave_every_rows_logits_unchanged():
+    """A row's logits in a ragged batch equal its logits alone, before and after compaction."""
+    target = target_model("llama")
+    sequences = [[5, 9, 2, 7, 3, 8, 4], [11, 12], [40, 41, 42, 43, 44]]
+    cache = RaggedCache(target)
+    for _ in sequences:
+        cache.add_row()
+    # feed each sequence plus two junk tokens, then drop the junk (holes in the middle)
+    inputs = [RowInput(seq + [60, 61], list(range(len(seq))) + [len(seq), len(seq) + 1])
+              for seq in sequences]
+    cache.forward(inputs)
+    for row, seq in enumerate(sequences):
+        cache.truncate_row(row, len(seq))
+    assert cache.holes() > 0
+
+    def next_logits() -> list[torch.Tensor]:
+        logits = cache.forward([RowInput([1], [len(seq)]) for seq in sequences])
+        for row, seq in enumerate(sequences):
+            cache.truncate_row(row, len(seq))
+        return [row_logits[-1] for row_logits in logits]
+
+    before = next_logits()
+    cache.compact()
+    assert cache.width == max(len(seq) for seq in sequences)
+    after = next_logits()
+    for seq, got_before, got_after in zip(sequences, before, after):
+        alone = target(torch.tensor([seq + [1]])).logits[0, -1]
+        assert torch.allclose(got_before, alone, atol=1e-9)
+        assert torch.allclose(got_after, alone, atol=1e-9)
+
+
+def test_cancel_and_deadline_end_a_row_while_the_others_continue():
+    engine = _engine("qwen2", max_rows=4)
+    long = GenerationConfig(max_new_tokens=40)
+    engine.submit(BatchRequest("cancel-me", [5, 6, 7], long, "draft_model"))
+    engine.submit(BatchRequest("late", [8, 9], long, "ngram", deadline=0.0))
+    engine.submit(BatchRequest("keeps-going", [10, 11], GenerationConfig(max_new_tokens=12), "tree"))
+    finished = {}
+    tokens = {"cancel-me": [], "late": [], "keeps-going": []}
+    while engine.has_work():
+        if engine.steps == 2:
+            engine.cancel("cancel-me")
+        for event in engine.step():
+            tokens[event.request_id] += event.step.token_ids
+            if event.finished:
+                finished[event.request_id] = event.step.finish_reason
+    assert finished == {"cancel-me": "cancelled", "late": "timeout", "keeps-going": "length"}
+    assert tokens["late"] == []
+    assert 0 < len(tokens["cancel-me"]) < 40
+    expected = generate_plain(target_model("qwen2"), [10, 11], GenerationConfig(max_new_tokens=12))
+    assert tokens["keeps-going"] == expected.token_ids
+
+
+def test_bad_settings_are_refused_at_submit_not_in_a_step():
+    engine = BatchedSpeculativeEngine(target_model("llama"), None)
+    with pytest.raises(ValueError, match="drafter"):
+        engine.submit(BatchRequest(1, [3, 4], GenerationConfig(), "draft_model"))
+    with pytest.raises(ValueError, match="prompt_ids"):
+        engine.submit(BatchRequest(2, [VOCAB_SIZE + 5], GenerationConfig(), "ngram"))
+    assert not engine.has_work()
