@@ -94,15 +94,20 @@ class Session(models.Model):
     def __str__(self) -> str:
         return str(self.id)
 
-    @property
-    def is_live(self) -> bool:
-        return self.status in LIVE_STATUSES
-
 
 class TokenKind(models.IntegerChoices):
-    TARGET = 0, "target"  # produced by the target alone (no draft, correction or bonus)
+    """What produced a token: the four outcomes of a verification step.
+
+    TARGET (shown as "plain"): the target alone, in a step with no draft. ACCEPTED: a drafted token the target
+    accepted. CORRECTION: the target's own token after it rejected a drafted one. BONUS: the
+    target's extra token after every drafted token of a branch was accepted. (Rows written
+    before CORRECTION existed carry BONUS for both of the last two.)
+    """
+
+    TARGET = 0, "plain"
     ACCEPTED = 1, "accepted draft"
     BONUS = 2, "bonus"
+    CORRECTION = 3, "correction"
 
 
 class TokenRecord(models.Model):

@@ -37,8 +37,8 @@ def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None =
     node = f"{name}@testhost"
     log = open(log_path, "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", queue, "-n", node, "--pool", "prefork",
-         "--concurrency", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
+        [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", queue, "-n", node, "--pool", "threads",
+         "--concurrency", "4", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
 

@@ -80,6 +80,9 @@ class RowEvent:
     # the bonus token (a leaf of the draft was reached) rather than the target's correction
     bonus: bool = False
     error: str = ""
+    # the drafter the row runs (what "auto" resolved to) and the policy's depths: {depth: steps}
+    drafter: str = ""
+    depth_choices: dict[int, int] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -177,7 +180,8 @@ class BatchedSpeculativeEngine:
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
-        self.last_forward = (0, 0)
+        # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
+        self.forward_log: list[tuple[str, int, int, float]] = []
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -418,7 +422,9 @@ class BatchedSpeculativeEngine:
     def _observe_draft(self, inputs: list[RowInput], started: float) -> None:
         rows = sum(1 for item in inputs if item.token_ids)
         tokens = max(len(item.token_ids) for item in inputs)
-        self.policy.draft_costs.observe(rows, tokens, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.policy.draft_costs.observe(rows, tokens, seconds)
+        self.forward_log.append(("draft", rows, tokens, seconds))
 
     # -- verification ---------------------------------------------------------------------
 
@@ -441,9 +447,10 @@ class BatchedSpeculativeEngine:
             inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
         forward_started = time.perf_counter()
         logits = self.target_cache.forward(inputs)
-        self.policy.target_costs.observe(len(inputs), max(len(item.token_ids) for item in inputs),
-                                         time.perf_counter() - forward_started)
-        self.last_forward = (len(inputs), max(len(item.token_ids) for item in inputs))
+        seconds = time.perf_counter() - forward_started
+        tokens = max(len(item.token_ids) for item in inputs)
+        self.policy.target_costs.observe(len(inputs), tokens, seconds)
+        self.forward_log.append(("target", len(inputs), tokens, seconds))
         start = self.target_cache.last_start
         results: list[VerifyResult | None] = []
         for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
@@ -508,7 +515,8 @@ class BatchedSpeculativeEngine:
         return self._event(row, step, bonus)
 
     def _event(self, row: _Row, step: StepOutput, bonus: bool = False) -> RowEvent:
-        return RowEvent(row.request.request_id, step, row.stats, bonus, row.error)
+        return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
+                        row.depth_choices)
 
     def _leave(self, rows: Iterable[_Row]) -> None:
         leaving = {id(row) for row in rows}

@@ -1,7 +1,9 @@
 """Model residency in a worker process: models are loaded once per process and kept.
 
-``worker_process_init`` preloads the active versions placed on this worker's device
-(``SPECOPS_WORKER_DEVICE``, default ``cpu``), so the first request does not pay the load.
+When the worker is ready (threads pool: one process per device, see batching_loop.py) the
+active versions placed on its device (``SPECOPS_WORKER_DEVICE``, default ``cpu``) are preloaded,
+so the first request does not pay the load (``worker_process_init`` does the same in a prefork
+child).
 Other versions are loaded on first use and kept, at most ``SPECOPS_RESIDENT_MODELS`` of them.
 """
 from __future__ import annotations
@@ -10,7 +12,7 @@ import logging
 import threading
 from collections import OrderedDict
 
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from inference.conf import conf
 
@@ -40,15 +42,25 @@ class ModelResidency:
                 logger.info("evicted model version %s", evicted)
             return loaded
 
-    def resident_ids(self) -> list[int]:
-        return list(self._loaded)
-
 
 residency = ModelResidency(capacity=conf.RESIDENT_MODELS)
 
 
 def worker_device() -> str:
     return conf.WORKER_DEVICE
+
+
+def _runs_tasks_in_this_process(sender) -> bool:
+    """True for the threads and solo pools: tasks run in the worker's own process, so models
+    belong there; a prefork parent only forks children (they load in worker_process_init)."""
+    pool = getattr(getattr(sender, "controller", None), "pool_cls", None)
+    return "prefork" not in getattr(pool, "__module__", "")
+
+
+@worker_ready.connect
+def preload_models_in_the_worker(sender=None, **kwargs) -> None:
+    if _runs_tasks_in_this_process(sender):
+        preload_models()
 
 
 @worker_process_init.connect

@@ -56,3 +56,47 @@ class BufferedWriter:
         if self.pending:
             self.written += _write_batch(self.model, self.pending, self.using)
             self.pending = []
+
+
+class BatchWriter:
+    """Rows of several models (tokens and candidates of every session in a batch), flushed together.
+
+    One transaction per flush; inside it, one multi-row ``INSERT ... ON CONFLICT DO NOTHING`` per
+    ``batch_size`` rows of each model. The batching worker adds each step's rows of all its
+    sessions and flushes when a model has ``batch_size`` rows pending, or on its own schedule.
+    """
+
+    def __init__(self, models_: Iterable[type[models.Model]], batch_size: int | None = None,
+                 using: str = "default") -> None:
+        self.batch_size = batch_size or conf.TOKEN_BATCH_SIZE
+        self.using = using
+        self.pending: dict[type[models.Model], list[models.Model]] = {model: [] for model in models_}
+        self.written = 0
+        self.flushes = 0
+
+    def add(self, row: models.Model) -> None:
+        self.pending[type(row)].append(row)
+
+    @property
+    def full(self) -> bool:
+        return any(len(rows) >= self.batch_size for rows in self.pending.values())
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows in self.pending.values())
+
+    def flush(self) -> int:
+        """Write everything pending in one transaction; return the rows written."""
+        if not len(self):
+            return 0
+        written = 0
+        with transaction.atomic(using=self.using):
+            for model, rows in self.pending.items():
+                for start in range(0, len(rows), self.batch_size):
+                    batch = rows[start:start + self.batch_size]
+                    model.objects.using(self.using).bulk_create(batch, ignore_conflicts=True)
+                    written += len(batch)
+        for rows in self.pending.values():
+            rows.clear()
+        self.written += written
+        self.flushes += 1
+        return written

@@ -1,0 +1,122 @@
+"""What a batch step leaves behind: stream events at once, token and candidate rows in batches.
+
+Every row's step goes to its session's Redis Stream immediately (the client sees tokens as they
+are verified). Token and candidate rows of every session in the batch go to one shared
+`BatchWriter`, flushed when 100 rows of a kind are pending or `SPECOPS_TOKEN_FLUSH_MS` has
+passed: one transaction per flush, never a write per row per step. After each flush the
+sessions that gained tokens get one progress UPDATE each (token_count, text).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.utils import timezone
+
+from inference.conf import conf
+from inference.engine.batch import RowEvent
+from metadata.models import Candidate, Session, SessionStatus, TokenKind, TokenRecord
+from metadata.sessions import token_stream
+from metadata.sessions.state import invalidate_session
+from metadata.sessions.writers import BatchWriter
+
+
+def token_kinds(drafted: int, accepted: int, bonus: bool, count: int) -> list[int]:
+    """The kind of each emitted token of one step (a stop may have cut the step short)."""
+    if drafted == 0:
+        return [TokenKind.TARGET] * count
+    last = TokenKind.BONUS if bonus else TokenKind.CORRECTION
+    return [TokenKind.ACCEPTED if offset < accepted else last for offset in range(count)]
+
+
+@dataclass
+class SessionRecorder:
+    """One session's running output: its tokens, stream steps and timings."""
+
+    session: Session
+    decode: object
+    token_ids: list[int] = field(default_factory=list)
+    step: int = 0
+    admitted_at: float | None = None
+    step_times: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)
+    dirty: bool = False
+
+    def record(self, event: RowEvent, writer: BatchWriter) -> None:
+        """Stream the step and queue its rows; a step with no token (prefill) records nothing."""
+        step = event.step
+        if not step.token_ids and not step.branches:
+            return
+        start = len(self.token_ids)
+        self.token_ids.extend(step.token_ids)
+        kinds = token_kinds(step.drafted, step.accepted, event.bonus, len(step.token_ids))
+        for offset, (token_id, kind) in enumerate(zip(step.token_ids, kinds)):
+            writer.add(TokenRecord(
+                session_id=self.session.pk, session_created_at=self.session.created_at,
+                position=start + offset, step=self.step, token_id=token_id,
+                piece=self.decode([token_id]), kind=kind, logprob=None,
+            ))
+        for branch_no, branch in enumerate(step.branches):
+            writer.add(Candidate(
+                session_id=self.session.pk, session_created_at=self.session.created_at,
+                step=self.step, branch=branch_no, token_ids=list(branch.token_ids),
+                score=float(branch.score), accepted_len=branch.accepted_len,
+            ))
+        token_stream.publish(self.session.pk, "tokens", {
+            "step": self.step, "token_ids": list(step.token_ids),
+            "text": self.decode(list(step.token_ids)),
+            "kinds": [int(kind) for kind in kinds],
+        })
+        self.step_times.append(time.time())
+        self.step_tokens.append(len(step.token_ids))
+        self.step += 1
+        self.dirty = True
+
+    def save_progress(self) -> None:
+        now = timezone.now()
+        Session.objects.filter(pk=self.session.pk).update(
+            token_count=len(self.token_ids), text=self.decode(self.token_ids), updated_at=now,
+            last_activity_at=now)
+        invalidate_session(self.session.pk)
+        self.dirty = False
+
+
+class BatchRecorder:
+    """The writer shared by every session of one batching loop, and its flush schedule."""
+
+    def __init__(self) -> None:
+        self.writer = BatchWriter((TokenRecord, Candidate))
+        self.flush_every_s = conf.TOKEN_FLUSH_MS / 1000
+        self._last_flush = time.monotonic()
+
+    def due(self) -> bool:
+        return self.writer.full or (len(self.writer) and
+                                    time.monotonic() - self._last_flush >= self.flush_every_s)
+
+    def flush(self, recorders: list[SessionRecorder]) -> None:
+        """Write pending rows (one transaction), then one progress update per session that moved."""
+        self.writer.flush()
+        self._last_flush = time.monotonic()
+        for recorder in recorders:
+            if recorder.dirty:
+                recorder.save_progress()
+
+
+def finish_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",
+                   token_ids: list[int] | None = None, text: str | None = None,
+                   stats: dict | None = None) -> None:
+    """Write the session's outcome and tell its stream; the cache entry goes after the commit."""
+    now = timezone.now()
+    fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": now,
+              "updated_at": now, "last_activity_at": now}
+    if token_ids is not None:
+        fields.update(token_count=len(token_ids), text=text, stats=stats or {})
+    with transaction.atomic():
+        Session.objects.filter(pk=session.pk).update(**fields)
+        invalidate_session(session.pk)
+    token_stream.publish(session.pk, "done", {"status": status, "finish_reason": finish_reason,
+                                              "error": error})
+
+
+TERMINAL = (SessionStatus.SUCCEEDED, SessionStatus.FAILED, SessionStatus.CANCELLED)
