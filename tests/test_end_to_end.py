@@ -63,6 +63,35 @@ def test_generation_runs_through_a_real_worker(api_client, tiny_model, cpu_worke
         assert Candidate.objects.filter(session_id=session_id).count() >= body["stats"]["steps"] - 1
 
 
+def test_concurrent_generations_share_the_batch_and_each_equals_the_targets_greedy(
+        api_client, tiny_model, cpu_worker):
+    prompts = ["def parse(text):\n    ", "import os\n", "class Node:\n    def", "for i in range("]
+    ids = []
+    for prompt in prompts:
+        created = api_client.post("/api/v1/generations/", {"prompt": prompt, "max_new_tokens": 20,
+                                                           "drafter": "draft_model"}, format="json")
+        assert created.status_code == 202, created.content
+        ids.append(created.json()["id"])
+    bodies = [wait_for(lambda sid=sid: finished(api_client, sid), timeout=120, what="a generation")
+              for sid in ids]
+    for prompt, sid, body in zip(prompts, ids, bodies):
+        assert body["status"] == "succeeded", body["error"]
+        tokens = TokenRecord.objects.filter(session_id=sid).order_by("position")
+        assert [t.token_id for t in tokens] == target_greedy(tiny_model.directory, prompt, 20)
+    # the worker held them together: at least one step verified several sessions at once
+    assert max(body["stats"]["batch_rows_max"] for body in bodies) >= 2
+
+
+def test_the_depth_of_every_step_is_recorded_in_the_sessions_stats(api_client, tiny_model, cpu_worker):
+    created = api_client.post("/api/v1/generations/", {"prompt": "def f(x):\n", "max_new_tokens": 16},
+                              format="json").json()
+    body = wait_for(lambda: finished(api_client, created["id"]), timeout=120, what="the generation")
+    assert body["status"] == "succeeded", body["error"]
+    choices = body["stats"]["depth_choices"]
+    assert sum(choices.values()) == body["stats"]["steps"]
+    assert body["stats"]["drafter"] in ("draft_model", "tree", "ngram", "none")
+
+
 def test_a_redelivered_task_writes_nothing_twice(api_client, tiny_model, cpu_worker):
     created = api_client.post("/api/v1/generations/", {"prompt": "import sys\n", "max_new_tokens": 16},
                               format="json").json()

@@ -20,8 +20,14 @@ def database_url(settings_dict: dict) -> str:
             f"{settings_dict['NAME']}")
 
 
-def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None = None) -> subprocess.Popen:
-    """Start ``celery worker -Q queue`` on the test database; return once it answers a ping."""
+def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None = None,
+                 extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``celery worker -Q queue`` on the test database; return once it answers a ping.
+
+    The worker runs like production's: a threads pool feeding one batching loop. By default the
+    speculation policy is off, so every step drafts on the request's fixed schedule (tests can
+    then count candidates per step); ``extra_env`` may turn it on.
+    """
     env = {
         **os.environ,
         "DATABASE_URL": database_url(connection.settings_dict),
@@ -31,6 +37,8 @@ def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None =
         ),
         "SPECOPS_WORKER_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
+        "SPECOPS_SPECULATION_POLICY": "false",
+        **(extra_env or {}),
     }
     if broker_url:
         env["CELERY_BROKER_URL"] = broker_url

@@ -160,6 +160,9 @@ class DeviceBatchLoop:
         if engine.last_decision is not None:
             metrics.observe_policy_decision(engine.last_decision.depth, len(engine.rows))
         for event in events:
+            job = self.jobs.get(event.request_id)
+            if job is not None:
+                job.recorder.batch_rows_max = max(job.recorder.batch_rows_max, len(events))
             self._on_event(event)
 
     def _on_event(self, event: RowEvent) -> None:
@@ -184,7 +187,7 @@ class DeviceBatchLoop:
             self._flush()
             if event is not None:
                 stats = event.stats.to_dict()
-                stats.update(drafter=event.drafter,
+                stats.update(drafter=event.drafter, batch_rows_max=recorder.batch_rows_max,
                              depth_choices={str(k): v for k, v in sorted(event.depth_choices.items())})
                 if finish_reason == "timeout":
                     error = error or f"generation exceeded {conf.GENERATION_TIMEOUT_S:g} s"

@@ -42,6 +42,8 @@ class SessionRecorder:
     step_times: list[float] = field(default_factory=list)
     step_tokens: list[int] = field(default_factory=list)
     dirty: bool = False
+    # the most sessions that shared a step with this one
+    batch_rows_max: int = 0
 
     def record(self, event: RowEvent, writer: BatchWriter) -> None:
         """Stream the step and queue its rows; a step with no token (prefill) records nothing."""
