@@ -60,6 +60,8 @@ class BatchRequest:
 
     drafter: a drafter kind, or "auto" to let the policy choose from running acceptance.
     deadline: a time.monotonic() value after which the row ends with finish_reason "timeout".
+    resume_ids: tokens an earlier run of this request already generated (and committed); they
+    are prefilled with the prompt and never generated again.
     """
 
     request_id: Hashable
@@ -68,6 +70,7 @@ class BatchRequest:
     drafter: str = AUTO
     draft_config: DraftConfig = field(default_factory=DraftConfig)
     deadline: float | None = None
+    resume_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -97,9 +100,10 @@ class _Row:
         self.request = request
         self.drafter_kind = drafter_kind
         self.config = request.config
-        self.context: list[int] = list(request.prompt_ids)
+        self.context: list[int] = list(request.prompt_ids) + list(request.resume_ids)
+        # everything known before the first step is prefilled: the prompt and any resumed tokens
         self.prompt_length = len(self.context)
-        self.generated: list[int] = []
+        self.generated: list[int] = list(request.resume_ids)
         self.max_new_tokens = max_new_tokens
         self.stop = stop
         self.sampling = sampling_params(request.config)
@@ -194,6 +198,9 @@ class BatchedSpeculativeEngine:
         """Queue a request; it joins at the next step. Bad settings raise here, not in a step."""
         prompt = list(request.prompt_ids)
         max_new = check_prompt(prompt, self.target, request.config.max_new_tokens)
+        if len(request.resume_ids) >= max_new:
+            raise ConfigError(f"resume_ids: {len(request.resume_ids)} tokens already reach "
+                              f"max_new_tokens ({max_new})")
         stop = StopCondition(request.config, max_new, self.decode)
         kind = request.drafter
         if kind == AUTO:

@@ -197,3 +197,16 @@ def test_bad_settings_are_refused_at_submit_not_in_a_step():
     with pytest.raises(ValueError, match="prompt_ids"):
         engine.submit(BatchRequest(2, [VOCAB_SIZE + 5], GenerationConfig(), "ngram"))
     assert not engine.has_work()
+
+
+@pytest.mark.parametrize("kind", ["draft_model", "tree", "ngram"])
+def test_a_resumed_greedy_row_finishes_as_the_uninterrupted_run(kind):
+    target = target_model("gpt2")
+    prompt = [7, 21, 3, 50, 9, 14]
+    config = GenerationConfig(max_new_tokens=30, stop_strings=("<77>",))
+    whole = generate_plain(target, prompt, config, decode=_decode).token_ids
+    for cut in (1, 7, len(whole) - 1):
+        engine = _engine("gpt2", max_rows=2, prefill_chunk=4)
+        resumed = engine.run([BatchRequest("r", prompt, config, kind, resume_ids=tuple(whole[:cut])),
+                              BatchRequest("other", [4, 4, 4], GenerationConfig(max_new_tokens=9), kind)])
+        assert whole[:cut] + resumed["r"].token_ids == whole, cut  # events carry new tokens only

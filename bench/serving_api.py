@@ -1,0 +1,152 @@
+"""End-to-end part of bench/serving.py: aggregate tok/s through the API with a real batching worker.
+
+Starts, against the development database (migrated here) and the local Redis broker: one Celery
+worker on the `cpu` queue as production runs it (threads pool of SPECOPS_MAX_BATCH, one
+batching loop) and one ASGI web server; registers the demo pair; then, at each concurrency c,
+keeps c requests in flight (POST /api/v1/generations/, temperature 0.7, no seed so the
+prediction cache cannot answer) until `requests` have finished, following each session until
+it ends. Aggregate tok/s = generated tokens / wall time.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_QUEUE = "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _django(model_dir: Path):
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
+    os.environ["SPECOPS_MODEL_DIR"] = str(model_dir)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def _register_and_token(model_dir: Path) -> str:
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from inference.registry import register_pair
+    from metadata.models import Tenant, TenantMembership
+
+    register_pair("demo", "bench", model_dir / "demo-target", model_dir / "demo-draft")
+    user, _ = get_user_model().objects.get_or_create(username="bench-serving")
+    tenant, _ = Tenant.objects.get_or_create(name="bench")
+    TenantMembership.objects.get_or_create(user=user, defaults={"tenant": tenant})
+    token, _ = Token.objects.get_or_create(user=user)
+    return token.key
+
+
+def _start(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_ready(check, timeout: float, what: str, processes) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what}: a process exited early (see var/bench-*.log)")
+        if check():
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
+
+
+async def _one(client, headers, max_new_tokens: int) -> int:
+    body = {"prompt": "def parse_config(path):\n    ", "max_new_tokens": max_new_tokens,
+            "temperature": 0.7}
+    created = await client.post("/api/v1/generations/", json=body, headers=headers)
+    created.raise_for_status()
+    url = created.json()["url"]
+    while True:
+        session = (await client.get(url, headers=headers)).json()
+        if session["status"] in ("succeeded", "failed", "cancelled"):
+            if session["status"] != "succeeded":
+                raise RuntimeError(f"session failed: {session.get('error')}")
+            return session["token_count"]
+        await asyncio.sleep(0.05)
+
+
+async def _measure(base_url: str, token: str, concurrency: int, requests: int,
+                   max_new_tokens: int) -> float:
+    import httpx
+
+    headers = {"Authorization": f"Token {token}"}
+    remaining = requests
+    tokens = 0
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        async def lane() -> None:
+            nonlocal remaining, tokens
+            while remaining > 0:
+                remaining -= 1
+                tokens += await _one(client, headers, max_new_tokens)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        return tokens / (time.perf_counter() - started)
+
+
+def api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
+                   max_new_tokens: int) -> dict[int, float]:
+    _django(model_dir)
+    token = _register_and_token(model_dir)
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECOPS_MODEL_DIR": str(model_dir),
+           "SPECOPS_MAX_BATCH": str(max(concurrencies)),
+           "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"}
+    env.update({key: "1000000/minute" for key in ("SPECOPS_THROTTLE_USER_RATE",
+                                                   "SPECOPS_THROTTLE_TENANT_RATE")})
+    port = _free_port()
+    logs = ROOT / "var"
+    logs.mkdir(exist_ok=True)
+    worker = _start([sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", BENCH_QUEUE,
+                     "--pool", "threads", "--concurrency", str(max(concurrencies)),
+                     "--prefetch-multiplier", "1", "-n", "bench-serving@%h", "--without-gossip",
+                     "--without-mingle", "-l", "WARNING"], env, logs / "bench-worker.log")
+    web = _start([sys.executable, "-m", "uvicorn", "specops.asgi:application", "--host", "127.0.0.1",
+                  "--port", str(port), "--log-level", "warning"], env, logs / "bench-web.log")
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        def web_up() -> bool:
+            try:
+                return httpx.get(f"{base_url}/api/v1/models/", headers={"Authorization": f"Token {token}"},
+                                 timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait_ready(web_up, 60, "web server", [worker, web])
+        time.sleep(3)  # the worker connects and preloads the demo pair
+        asyncio.run(_measure(base_url, token, 1, 1, 8))  # warm-up: models resident, caches hot
+        return {c: asyncio.run(_measure(base_url, token, c, max(requests, c), max_new_tokens))
+                for c in concurrencies}
+    finally:
+        for process in (worker, web):
+            if process.poll() is None:
+                os.killpg(process.pid, 15)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, 9)
