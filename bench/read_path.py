@@ -98,7 +98,7 @@ def wait_for_replica() -> None:
 
 
 def clear_cache_keys(ids: list[str]) -> None:
-    from metadata.cache.redis_tier import default_guard
+    from metadata.cache import default_guard
 
     keys = [f"specops:c:session_state:{i}{suffix}" for i in ids for suffix in ("", ":inv", ":lock")]
     default_guard().run(lambda client: client.delete(*keys))
@@ -107,7 +107,7 @@ def clear_cache_keys(ids: list[str]) -> None:
 def warm_by_write_through(ids: list[str]) -> None:
     """Leave Redis as production does: each session's state written through at its last update
     (in-process tiers start empty in the spawned readers)."""
-    from metadata.sessions.state import STATE, invalidate_session
+    from metadata.sessions import STATE, invalidate_session
 
     for sid in ids:
         invalidate_session(sid, regions=[STATE])

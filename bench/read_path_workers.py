@@ -65,7 +65,7 @@ def _warm_connections() -> None:
 
 
 def _reader(mode: str):
-    from metadata.sessions import state as session_state
+    from metadata import sessions as session_state
 
     if mode == "off":
         return None, lambda sid: session_state.load_session_state(sid).value
@@ -79,9 +79,8 @@ def burst_worker(mode, index, processes, threads, steps, branches, ids, barrier,
         setup_django()
         from django.db import connections
 
-        from metadata.cache.counters import COALESCED, HITS, LOCAL, REDIS
-        from metadata.replicas import lsn
-        from metadata.replicas.health import replica_health
+        from metadata.cache import COALESCED, HITS, LOCAL, REDIS
+        from metadata.replicas import lsn, replica_health
 
         counts = install_query_counter()
         cache, read = _reader(mode)
@@ -156,7 +155,7 @@ def writer_process(ids, writes_per_s, stop, results) -> None:
     from django.utils import timezone
 
     from metadata.models import Session
-    from metadata.sessions.state import STATE, cache_for, invalidate_session
+    from metadata.sessions import STATE, cache_for, invalidate_session
 
     pause = 1.0 / writes_per_s if writes_per_s > 0 else None
     while pause is not None and not stop.is_set():
@@ -177,7 +176,7 @@ def own_writes_worker(index, processes, ids, cycles, inbox, outbox, barrier, res
 
         from metadata.models import Session
         from metadata.replicas import lsn
-        from metadata.sessions.state import STATE, get_session_state, invalidate_session
+        from metadata.sessions import STATE, get_session_state, invalidate_session
 
         writers = 2
         mine = ids[index::processes]
@@ -231,9 +230,9 @@ def redis_down_worker(index, processes, threads, ids, down, up, stop, barrier, r
         setup_django()
         from django.db import connections
 
-        from metadata.cache.counters import HITS, REDIS
+        from metadata.cache import HITS, REDIS
         from metadata.replicas import lsn
-        from metadata.sessions.state import build_state_cache
+        from metadata.sessions import build_state_cache
 
         cache = build_state_cache()
         tally = Counter()

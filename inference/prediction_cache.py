@@ -38,17 +38,10 @@ from metadata.sessions import token_stream
 logger = logging.getLogger(__name__)
 
 _stats = CacheStats("prediction")
-_guard: RedisGuard | None = None
 
 
 def guard() -> RedisGuard:
-    return _guard or default_guard()
-
-
-def use_guard(replacement: RedisGuard | None) -> None:
-    """Point the prediction cache at another Redis (tests with a Redis of their own)."""
-    global _guard
-    _guard = replacement
+    return default_guard()
 
 
 def is_deterministic(params: dict[str, Any]) -> bool:

@@ -1,11 +1,16 @@
-"""One error shape for the API: ``{"errors": {field: [rule, ...]}, "detail": ...}``."""
+"""One error shape for the API: DRF's body plus the HTTP status.
+
+A validation error is ``{field: [rule, ...], "status": 400}`` (each message names the field
+and the rule); any other error is ``{"detail": message, "status": code}``. A body that DRF
+gives as a list (a ``ValidationError`` raised with a list, not a dict) is left as it is.
+"""
 from __future__ import annotations
 
 from rest_framework.views import exception_handler as drf_exception_handler
 
 
 def exception_handler(exc, context):
-    """Keep DRF's per-field messages (they name the field and the rule) and add ``status``."""
+    """Keep DRF's per-field messages and add ``status``, so a client need not read the status line."""
     response = drf_exception_handler(exc, context)
     if response is not None and isinstance(response.data, dict):
         response.data.setdefault("status", response.status_code)

@@ -1,7 +1,8 @@
 """The Celery app: per-device queues for models, a maintenance queue for beat jobs.
 
 Queues: ``cpu``, one ``gpu.N`` per visible CUDA device, and ``maintenance``. An inference task is
-sent to the queue of the device its target model version is placed on (inference.placement).
+sent to its target model version's queue (``ModelVersion.queue``, from the version's device) by
+``inference.submission.submit_generation``; beat jobs go to ``maintenance`` by task name.
 """
 from __future__ import annotations
 
@@ -39,10 +40,6 @@ def visible_gpu_count() -> int:
         return 0
 
 
-def device_queues(gpu_count: int) -> list[str]:
-    return [CPU_QUEUE] + [gpu_queue(i) for i in range(gpu_count)]
-
-
 app.conf.update(
     # gpu.N queues are declared on demand (task_create_missing_queues) by the workers that own them.
     task_queues=[Queue(CPU_QUEUE), Queue(MAINTENANCE_QUEUE)],
@@ -54,8 +51,9 @@ app.conf.update(
         "metadata.*": {"queue": MAINTENANCE_QUEUE},
         "specops.*": {"queue": MAINTENANCE_QUEUE},
     },
-    # Model queues: one task at a time per process, acknowledged after it ran, redelivered when
-    # the worker dies (writes are idempotent, so a redelivery duplicates nothing).
+    # Model queues: a worker reserves one message per execution slot (--concurrency x prefetch 1;
+    # with the threads pool, the sessions its batching loop holds), each acknowledged after it ran
+    # and redelivered when the worker dies (writes are idempotent: a redelivery duplicates nothing).
     worker_prefetch_multiplier=1,
     task_acks_late=True,
     task_reject_on_worker_lost=True,

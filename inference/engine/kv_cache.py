@@ -25,10 +25,6 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()
-
-
 def truncate_cache(cache: DynamicCache, length: int) -> None:
     """Drop every cached token from position `length` on."""
     excess = cache.get_seq_length() - length

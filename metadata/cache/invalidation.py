@@ -10,6 +10,9 @@ commit, not per key) and raises the writer's own floor with it, which saves the 
 evicts them from the local tier. Pub/sub drops messages sent while a subscriber is disconnected,
 so a (re)subscribed listener clears its local tiers before using them again; callers that wrote
 are protected regardless (entries carry a position, ``metadata.cache.two_tier``).
+
+This module knows the caches only as ``InvalidationTarget`` (what ``TwoTierCache`` provides), so
+``two_tier`` imports it and nothing here imports ``two_tier``.
 """
 from __future__ import annotations
 
@@ -18,19 +21,31 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django.db import DatabaseError, connections, transaction
 
 from metadata.cache.redis_tier import RedisGuard
 from metadata.replicas import lsn
 
-if TYPE_CHECKING:
-    from metadata.cache.two_tier import TwoTierCache
-
 logger = logging.getLogger(__name__)
 
 CHANNEL = "specops:cache:invalidate"
+
+
+class InvalidationTarget(Protocol):
+    """What an invalidation needs of a cache (``metadata.cache.two_tier.TwoTierCache``)."""
+
+    name: str
+
+    def apply_invalidation(self, ident: str, position: int) -> None:
+        """After commit: drop (or refresh) ``ident`` in Redis and here, then broadcast it."""
+
+    def on_broadcast(self, key: str, position: int) -> None:
+        """Another process changed ``key``."""
+
+    def clear_local(self) -> None:
+        """Forget every in-process entry (broadcasts may have been missed)."""
 
 
 @dataclass
@@ -63,7 +78,7 @@ def _current_batch() -> _CommitBatch:
     return batch
 
 
-def after_commit(cache: TwoTierCache, ident: str) -> None:
+def after_commit(cache: InvalidationTarget, ident: str) -> None:
     """Invalidate ``ident`` in ``cache`` once the current transaction commits (now if none).
 
     A rolled-back transaction (or savepoint) drops the hook, and with it the invalidation.
@@ -72,7 +87,7 @@ def after_commit(cache: TwoTierCache, ident: str) -> None:
     transaction.on_commit(lambda: _apply(cache, ident, batch), using=lsn.PRIMARY_ALIAS)
 
 
-def _apply(cache: TwoTierCache, ident: str, batch: _CommitBatch) -> None:
+def _apply(cache: InvalidationTarget, ident: str, batch: _CommitBatch) -> None:
     """Never raise: the transaction has committed, and its caller must not see a cache error."""
     try:
         try:
@@ -94,7 +109,7 @@ class InvalidationBus:
         self.guard = guard
         self.reconnect_s = reconnect_s
         self.origin = f"{os.uname().nodename}:{os.getpid()}:{id(self)}"
-        self._caches: dict[str, list[TwoTierCache]] = {}  # several per name: variants, tests
+        self._caches: dict[str, list[InvalidationTarget]] = {}  # several per name: variants, tests
         self._thread: threading.Thread | None = None
         self._thread_pid = 0
         self._start_lock = threading.Lock()
@@ -102,10 +117,10 @@ class InvalidationBus:
         self.connected = threading.Event()
         self.received = 0
 
-    def register(self, cache: TwoTierCache) -> None:
+    def register(self, cache: InvalidationTarget) -> None:
         self._caches.setdefault(cache.name, []).append(cache)
 
-    def unregister(self, cache: TwoTierCache) -> None:
+    def unregister(self, cache: InvalidationTarget) -> None:
         caches = self._caches.get(cache.name, [])
         if cache in caches:
             caches.remove(cache)

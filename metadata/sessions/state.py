@@ -3,10 +3,13 @@
 Two regions per session, cached under separate keys so a write can invalidate just one:
 
 * ``state`` (id, tenant, status, token_count, updated_at): what speculative branches and pollers
-  read over and over. One index-only scan of ``session_state_covering``. Write-through: a write
-  reloads it from the primary right after commit, so the next burst starts warm.
-* ``detail``: the whole row with its target model, for ``GET /api/v1/sessions/{id}/``.
-  Cache-aside: read far less often, and its ``text`` is the large part.
+  read over and over. One index-only scan of ``session_state_covering``.
+* ``detail``: the whole row with its target model, for ``GET /api/v1/sessions/{id}/``; its
+  ``text`` is the large part.
+
+Both are cache-aside: a write only invalidates (after commit), and the next reader loads. A
+worker writes after every token batch, so reloading a region at each write (write-through) would
+put a primary read on the generation's hot path for a value nobody may read before the next batch.
 
 Writers that use ``Session.objects.filter(...).update(...)`` (no post_save signal) must call
 ``invalidate_session(session_id)`` afterwards; ``save()`` and ``delete()`` are covered by the
@@ -23,10 +26,9 @@ from django.db import connections
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from metadata.cache.redis_tier import RedisGuard, Versioned
-from metadata.cache.two_tier import CacheConfig, TwoTierCache, WritePolicy
+from metadata.cache import CacheConfig, RedisGuard, TwoTierCache, Versioned, WritePolicy
 from metadata.models import Session
-from metadata.replicas.fallback import read_routed
+from metadata.replicas import read_routed
 
 STATE = "state"
 DETAIL = "detail"
@@ -62,7 +64,7 @@ def load_session_detail(ident: str, min_lsn: int = 0) -> Versioned:
 def build_state_cache(*, local: bool = True, redis: bool = True, coalesce: bool = True,
                       guard: RedisGuard | None = None, config: CacheConfig | None = None) -> TwoTierCache:
     """A session-state cache; the benchmark and tests build variants (a tier or coalescing off)."""
-    return TwoTierCache("session_state", load_session_state, WritePolicy.WRITE_THROUGH,
+    return TwoTierCache("session_state", load_session_state, WritePolicy.CACHE_ASIDE,
                         local=local, redis=redis, coalesce=coalesce, guard=guard, config=config)
 
 

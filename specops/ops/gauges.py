@@ -14,7 +14,7 @@ from django.db.models import Count
 from prometheus_client import Gauge
 
 from metadata.models import PARTITIONED_TABLES, PartitionArchivalJob
-from specops.celery import MAINTENANCE_QUEUE, app, visible_gpu_count
+from specops.celery import CPU_QUEUE, MAINTENANCE_QUEUE, app, gpu_queue, visible_gpu_count
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def archival_job_counts() -> dict[str, int]:
 @shared_task(name="specops.sample_ops_metrics")
 def sample_ops_metrics() -> dict:
     """Set the gauges from the broker and the database; return what was sampled."""
-    queues = ["cpu", MAINTENANCE_QUEUE] + [f"gpu.{i}" for i in range(visible_gpu_count())]
+    queues = [CPU_QUEUE, MAINTENANCE_QUEUE] + [gpu_queue(i) for i in range(visible_gpu_count())]
     sample = {"queues": queue_lengths(queues), "default_rows": default_partition_rows(),
               "archival_jobs": archival_job_counts()}
     for name, value in sample["queues"].items():

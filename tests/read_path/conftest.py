@@ -18,10 +18,9 @@ import pytest
 from django.conf import settings
 
 from inference.models import ModelVersion, VersionStatus
-from metadata.cache.redis_tier import default_guard
+from metadata.cache import default_guard
 from metadata.models import Session
-from metadata.replicas import lsn
-from metadata.replicas.health import replica_health
+from metadata.replicas import lsn, replica_health
 from metadata.sessions import state as session_state
 
 PG_VERSION = "15"
@@ -119,7 +118,7 @@ def read_path_state(settings) -> Iterator[None]:
         middleware.insert(anchor, READ_PATH_MIDDLEWARE)
         settings.MIDDLEWARE = middleware
     settings.SPECOPS_EXPOSE_READ_DB = True
-    default_guard().run(lambda client: client.flushdb())  # our own Redis db (REDIS_URL .../5)
+    default_guard().run(lambda client: client.flushdb())  # the tests' own Redis db (scripts/test.sh REDIS_URL)
     for cache in session_state._caches.values():
         cache.clear_local()
     replica_health().expire()

@@ -9,13 +9,21 @@ import pytest
 from django.db import connections, transaction
 from prometheus_client import REGISTRY
 
-from metadata.cache.counters import COALESCED, HITS, LOCAL, MISSES, REDIS
-from metadata.cache.redis_tier import Versioned
-from metadata.cache.snapshots import snapshot_cache_stats_now
-from metadata.cache.two_tier import CacheConfig, TwoTierCache, WritePolicy
+from metadata.cache import (
+    COALESCED,
+    HITS,
+    LOCAL,
+    MISSES,
+    REDIS,
+    CacheConfig,
+    TwoTierCache,
+    Versioned,
+    WritePolicy,
+    snapshot_cache_stats_now,
+)
 from metadata.models import CacheStatsSnapshot, Session, SessionStatus
 from metadata.replicas import lsn
-from metadata.sessions.state import load_session_state
+from metadata.sessions import STATE, cache_for, get_session_state, invalidate_session, load_session_state
 from tests.read_path.conftest import (
     make_session,
     paused_replay,
@@ -257,3 +265,25 @@ def test_snapshot_writes_one_row_per_cache_and_tier(build_cache, tenant, target_
     assert (rows[LOCAL].hits, rows[LOCAL].misses) == (2, 1)
     assert (rows[REDIS].hits, rows[REDIS].misses) == (0, 1)
     assert snapshot_cache_stats_now() == 0  # counted once: nothing new since
+
+
+def test_a_session_write_only_invalidates_its_state(tenant, target_version):
+    """The state region is cache-aside: a worker's write after a token batch drops the entry and
+    reads nothing (no reload from the primary on the generation's path); the next reader loads."""
+    session = make_session(tenant, target_version)
+    cache = cache_for(STATE)
+    ident, key = str(session.pk), cache.key(str(session.pk))
+    assert cache.policy is WritePolicy.CACHE_ASIDE
+    assert get_session_state(session.pk)["status"] == SessionStatus.QUEUED
+    assert cache.redis.get(key)[0] is not None
+    loads = cache.loads
+
+    with transaction.atomic():
+        set_status(session, SessionStatus.RUNNING)
+        invalidate_session(session.pk)
+    entry, key_floor = cache.redis.get(key)
+    assert entry is None and key_floor > 0 and key not in cache._local
+    assert cache.loads == loads  # the write made no read
+
+    assert get_session_state(session.pk)["status"] == SessionStatus.RUNNING
+    assert cache.loads == loads + 1

@@ -13,11 +13,9 @@ import pytest
 import redis
 from django.db import connections
 
-from metadata.cache.counters import HITS, REDIS
-from metadata.cache.redis_tier import RedisGuard, fail_fast_client
-from metadata.cache.two_tier import CacheConfig, TwoTierCache
+from metadata.cache import HITS, REDIS, CacheConfig, RedisGuard, TwoTierCache, fail_fast_client
 from metadata.replicas import lsn
-from metadata.sessions.state import load_session_state
+from metadata.sessions import load_session_state
 from tests.read_path.conftest import make_session, wait_for_replica_catch_up, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")

@@ -7,9 +7,7 @@ from django.db import connections
 from prometheus_client import REGISTRY
 
 from metadata.models import Session, SessionStatus
-from metadata.replicas import lsn
-from metadata.replicas.health import replica_health
-from metadata.replicas.router import ReplicaRouter, route_read
+from metadata.replicas import ReplicaRouter, lsn, read_routed, replica_health, route_read
 from tests.read_path.conftest import (
     make_session,
     paused_replay,
@@ -133,8 +131,6 @@ def test_replica_connection_lost_mid_request_is_retried_on_primary(api_client, t
 
 def test_replica_read_error_falls_back_inside_read_routed(tenant, target_version):
     """The function form of the fallback: a read that fails on the replica runs on the primary."""
-    from metadata.replicas.fallback import read_routed
-
     session = make_session(tenant, target_version)
     wait_for_replica_catch_up()
     attempts: list[str] = []
