@@ -25,6 +25,24 @@ DASHBOARD = DEPLOY / "grafana" / "specops.json"
 PLANNED_METRICS: dict[str, str] = {
     "specops_db_reads_total": "counter{target=primary|replica, reason}: routed reads, for the fallback rate",
 }
+# Metrics of the device workers' batching loop (inference/worker/metrics.py) that the serving rules
+# and panels read. Exported today: none of them may be planned, and each must show on /metrics.
+SERVING_METRICS: dict[str, str] = {
+    "specops_time_to_first_token_seconds_bucket": "TTFT SLO alert and panel",
+    "specops_inter_token_latency_seconds_bucket": "ITL SLO alert and panel",
+    "specops_request_queue_time_seconds_bucket": "queue wait panel",
+    "specops_e2e_request_latency_seconds_count": "generation failures alert",
+    "specops_batch_rows_bucket": "batch rows per forward panel",
+    "specops_batch_tokens_per_forward_sum": "tokens per forward panel",
+    "specops_forward_seconds_bucket": "forward time panel",
+    "specops_batch_running_rows": "running rows (multiprocess livesum gauge)",
+    "specops_spec_decode_num_drafts_total": "mean acceptance length",
+    "specops_spec_decode_num_draft_tokens_total": "acceptance rate recording rule",
+    "specops_spec_decode_num_accepted_tokens_total": "acceptance rate recording rule",
+    "specops_spec_decode_num_drafted_tokens_per_pos_total": "per-position acceptance",
+    "specops_spec_decode_num_accepted_tokens_per_pos_total": "per-position acceptance",
+    "specops_spec_decode_policy_depth_total": "policy depth panel",
+}
 # Metrics that other exporters provide, scraped as other jobs in deploy/prometheus/prometheus.yml.
 EXTERNAL_METRICS: dict[str, str] = {
     "up": "Prometheus, per scrape target",
@@ -178,10 +196,30 @@ def test_alerts_cover_the_slos_and_the_operational_risks():
     }
     for name, threshold in thresholds.items():
         assert threshold in by_name[name]["expr"], f"{name} should compare with {threshold}"
-    for name in ("SpecOpsReplicaLagHigh", "SpecOpsReplicaFallbackRateHigh", "SpecOpsCacheHitRateDrop",
+    for name in ("SpecOpsTimeToFirstTokenP95SLOBreach", "SpecOpsInterTokenLatencyP95SLOBreach",
+                 "SpecOpsSpeculativeAcceptanceLow", "SpecOpsGenerationFailures",
+                 "SpecOpsReplicaLagHigh", "SpecOpsReplicaFallbackRateHigh", "SpecOpsCacheHitRateDrop",
                  "SpecOpsCeleryQueueBacklog", "SpecOpsCeleryWorkerDown", "SpecOpsCeleryBeatNotExactlyOne",
                  "SpecOpsDefaultPartitionNotEmpty", "SpecOpsArchivalJobFailed"):
         assert name in by_name
+
+
+def test_serving_slo_alerts_compare_with_the_histograms_bucket_edges():
+    """The TTFT/ITL thresholds are the worker's SLO constants, which are bucket edges (exact quantiles)."""
+    from inference.worker import metrics
+
+    by_name = {r["alert"]: r for r in all_rules() if "alert" in r}
+    for name, slo, buckets in (
+        ("SpecOpsTimeToFirstTokenP95SLOBreach", metrics.TTFT_SLO_SECONDS, metrics.TTFT_BUCKETS),
+        ("SpecOpsInterTokenLatencyP95SLOBreach", metrics.ITL_SLO_SECONDS, metrics.ITL_BUCKETS),
+    ):
+        expr = by_name[name]["expr"]
+        assert re.search(rf":p95_5m > {slo:g}\b", expr), f"{name} should compare the p95 with {slo:g}"
+        assert slo in buckets, f"{name}: {slo:g} s is no bucket edge"
+    records = recorded_names()
+    for record in ("specops:spec_decode_acceptance_rate:rate5m", "specops:spec_decode_mean_acceptance_length:rate5m",
+                   "specops:spec_decode_acceptance_rate_per_position:rate5m"):
+        assert record in records, record
 
 
 def test_metric_name_extraction():
@@ -203,6 +241,9 @@ def test_every_metric_used_is_exported_planned_or_external(api_client):
     assert len(used) >= 15, "the extraction found too few metric names to be trusted"
     exported_now = sorted(set(PLANNED_METRICS) & exported)
     assert not exported_now, f"exported now, drop them from PLANNED_METRICS: {exported_now}"
+    assert not set(SERVING_METRICS) & set(PLANNED_METRICS), "a serving metric is exported, never planned"
+    missing = sorted(set(SERVING_METRICS) - exported)
+    assert not missing, f"serving metrics the worker should export but /metrics lacks: {missing}"
     known = exported | recorded_names() | set(PLANNED_METRICS) | set(EXTERNAL_METRICS)
     unknown = {name: sorted(where) for name, where in used.items() if name not in known}
     hint = ""
@@ -210,6 +251,12 @@ def test_every_metric_used_is_exported_planned_or_external(api_client):
         hint = (" django_db_* come only from django-prometheus's database backend: set ENGINE to "
                 "'django_prometheus.db.backends.postgresql' in specops/database_config.py.")
     assert not unknown, f"metrics that nothing exports: {unknown}.{hint}"
+
+
+def test_every_serving_metric_is_read_by_a_rule_or_panel():
+    used = set(used_metric_names())
+    unused = sorted(set(SERVING_METRICS) - used)
+    assert not unused, f"serving metrics no rule or panel reads (drop them from SERVING_METRICS): {unused}"
 
 
 def test_planned_metrics_stay_a_short_explicit_list():
@@ -276,6 +323,16 @@ def test_dashboard_draws_the_slo_lines():
     assert {0.3, 0.6} <= threshold_values("API latency vs SLO")
     assert {0.005} <= threshold_values("error ratio")
     assert {0.02} <= threshold_values("DB query latency")
+    assert {1.0} <= threshold_values("Time to first token vs SLO")
+    assert {0.1} <= threshold_values("Inter-token latency vs SLO")
     titles = " ".join(p["title"] for p in dashboard_panels())
-    for topic in ("tokens/s", "acceptance", "Cache hit rate", "Replica lag"):
+    for topic in ("tokens/s", "acceptance", "Cache hit rate", "Replica lag", "Batch rows per forward",
+                  "Tokens per forward", "per draft position", "policy depth", "Queue wait"):
         assert topic in titles
+
+
+def test_dashboard_shows_ttft_and_itl_p50_and_p95():
+    for title in ("Time to first token vs SLO", "Inter-token latency vs SLO"):
+        panel = next(p for p in dashboard_panels() if p["title"] == title)
+        quantiles = {re.match(r"histogram_quantile\(([\d.]+),", t["expr"]).group(1) for t in panel["targets"]}
+        assert quantiles == {"0.5", "0.95"}, title

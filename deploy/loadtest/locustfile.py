@@ -2,38 +2,69 @@
 
 Two kinds of users:
 
-- ``GenerationUser`` creates a generation, polls the session until it is done, then pages through
-  its tokens with the keyset cursor (and reads the first page of candidates).
+- ``GenerationUser`` creates a generation, follows the session's token stream to its first
+  ``tokens`` event (the time to first token, reported as request type ``TTFT``), polls the
+  session until it is done, then pages through its tokens with the keyset cursor (and reads the
+  first page of candidates).
 - ``BurstReader`` reads one session's state many times in a row, as a crowd of pollers does; this
   is the read path the two-tier cache and request coalescing exist for.
 
-Run it through ``deploy/loadtest/run.sh`` (headless, bounded, SLO verdict). Settings come from the
-environment: ``SPECOPS_TOKEN`` (required, ``manage.py drf_create_token operator``) and the
-``SPECOPS_LOAD_*`` variables below. Every URL the API returns is reduced to its path, so requests
-only ever go to the host locust was given. The test stops by itself after ``--run-time`` or after
-``SPECOPS_LOAD_MAX_REQUESTS`` requests, whichever comes first.
+Run it through ``deploy/loadtest/run.sh`` (headless, bounded, SLO verdict per endpoint and on the
+TTFT). Settings come from the environment: ``SPECOPS_TOKEN`` (required, ``manage.py
+drf_create_token operator``) and the ``SPECOPS_LOAD_*`` variables below. Every URL the API returns
+is reduced to its path, so requests only ever go to the host locust was given. The test stops by
+itself after ``--run-time`` or after ``SPECOPS_LOAD_MAX_REQUESTS`` requests, whichever comes first.
+
+The TTFT is the client's: from sending ``POST /api/v1/generations/`` to reading the first
+``event: tokens`` of ``/api/v1/sessions/{id}/stream/`` (queue wait, prefill and the first step
+included). The stream is read with a plain HTTP session, not locust's, so its connection time
+does not land in the stats as a request of its own, and it is closed at the first token. Under
+gunicorn's gthread workers each open stream holds a server thread, so at most
+``SPECOPS_LOAD_MAX_STREAMS`` are open at once per locust process; a generation that finds them
+all busy skips the TTFT (polling still measures it to the end).
+
+The drafters come from the engine's registry (``inference.engine.drafters.DRAFTER_KINDS``), less
+the kinds that are no drafter of their own (``auto`` lets the server's policy choose one).
 """
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import random
 import statistics
+import sys
 import time
 from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import gevent
+import gevent.lock
+import requests
 from locust import HttpUser, between, events, task
+
+# locust puts this file's folder on sys.path, not the repository's: the registry lives there.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from inference.engine.drafters import DRAFTER_KINDS
+
+# That import (torch, transformers) blocks for seconds: refresh the clock gevent's loop caches,
+# else locust's --run-time timer, set from the stale clock, fires as soon as the test starts.
+gevent.get_hub().loop.update_now()
 
 logger = logging.getLogger("specops.loadtest")
 
 DEFAULT_HOST = "http://127.0.0.1:8000"
 API = "/api/v1"
 TERMINAL_STATUSES = ("succeeded", "failed")
-ALL_DRAFTERS = ("draft_model", "tree", "ngram", "none")
-NEEDS_DRAFT_MODEL = ("draft_model", "tree")
+# Kinds the registry may list that are no drafter of their own: "auto" asks the server's policy.
+POLICY_KINDS = ("auto",)
+REAL_DRAFTERS = tuple(kind for kind in DRAFTER_KINDS if kind not in POLICY_KINDS)
+NEEDS_DRAFT_MODEL = tuple(kind for kind in ("draft_model", "tree") if kind in DRAFTER_KINDS)
+TTFT_REQUEST_TYPE = "TTFT"
+TTFT_NAME = f"{API}/generations/ (first token)"
 PROMPTS = (
     "def parse(text):\n    ",
     "import os\nimport sys\n\n\ndef main(argv):\n    ",
@@ -63,12 +94,29 @@ def _env_float(name: str, default: float) -> float:
     return value
 
 
+def _env_share(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name} must be a number from 0 to 1, got {raw!r}") from None
+    if not 0 <= value <= 1:
+        raise SystemExit(f"{name} must be a number from 0 to 1, got {raw!r}")
+    return value
+
+
 def _env_drafters() -> tuple[str, ...]:
-    raw = os.environ.get("SPECOPS_LOAD_DRAFTERS", ",".join(ALL_DRAFTERS))
+    """The drafters to spread the generations over: the registry's real ones unless told.
+
+    An explicit list may name any kind of the registry, ``auto`` included where it has one.
+    """
+    raw = os.environ.get("SPECOPS_LOAD_DRAFTERS", "")
+    if not raw:
+        return REAL_DRAFTERS
     drafters = tuple(d.strip() for d in raw.split(",") if d.strip())
-    unknown = [d for d in drafters if d not in ALL_DRAFTERS]
+    unknown = [d for d in drafters if d not in DRAFTER_KINDS]
     if not drafters or unknown:
-        raise SystemExit(f"SPECOPS_LOAD_DRAFTERS must list some of {', '.join(ALL_DRAFTERS)}; got {raw!r}")
+        raise SystemExit(f"SPECOPS_LOAD_DRAFTERS must list some of {', '.join(DRAFTER_KINDS)}; got {raw!r}")
     return drafters
 
 
@@ -78,6 +126,8 @@ TOKEN_PAGE_SIZE = _env_int("SPECOPS_LOAD_TOKEN_PAGE_SIZE", 8)
 BURST_READS = _env_int("SPECOPS_LOAD_BURST_READS", 20)
 POLL_INTERVAL_S = _env_float("SPECOPS_LOAD_POLL_INTERVAL_S", 0.25)
 GENERATION_TIMEOUT_S = _env_float("SPECOPS_LOAD_GENERATION_TIMEOUT_S", 60.0)
+STREAM_SHARE = _env_share("SPECOPS_LOAD_STREAM_SHARE", 1.0)  # generations whose TTFT is measured
+MAX_STREAMS = _env_int("SPECOPS_LOAD_MAX_STREAMS", 2)  # open streams at once (server threads held)
 DRAFTERS = _env_drafters()
 
 # Shared by the users of this process (gevent greenlets: no locking needed).
@@ -86,6 +136,11 @@ generation_results: list[tuple[str, float, int]] = []  # (final status, seconds 
 _request_count = itertools.count(1)
 _stopping = False
 _runner = None  # set at test start; the max-requests stop needs it
+_stream_slots = gevent.lock.BoundedSemaphore(MAX_STREAMS)
+
+
+class StreamError(Exception):
+    """The stream ended, failed or stayed silent before its first tokens event."""
 
 
 def path_of(url: str) -> str:
@@ -104,6 +159,25 @@ def describe(response) -> str:
 def with_query(path: str, **params: object) -> str:
     query = "&".join(f"{key}={value}" for key, value in params.items())
     return path + ("&" if "?" in path else "?") + query
+
+
+def first_tokens_event(lines: Iterator[str], deadline: float) -> dict:
+    """The data of the first ``tokens`` event of an SSE stream (``event: NAME`` then ``data: JSON``)."""
+    event = "message"
+    for line in lines:
+        if time.monotonic() > deadline:
+            raise StreamError(f"no tokens event after {GENERATION_TIMEOUT_S:g} s")
+        if line.startswith("event:"):
+            event = line[len("event:"):].strip()
+        elif line.startswith("data:"):
+            data = json.loads(line[len("data:"):].strip() or "null")
+            if event == "tokens":
+                return data
+            if event == "done":
+                raise StreamError(f"stream done before any token: {json.dumps(data)[:200]}")
+        elif not line:
+            event = "message"  # a blank line ends an event
+    raise StreamError("stream closed before any token")
 
 
 @events.request.add_listener
@@ -159,6 +233,12 @@ class GenerationUser(SpecOpsUser):
     def on_start(self) -> None:
         super().on_start()
         self.drafters = self._usable_drafters()
+        # The stream's own session: its connection must not count as an API request in the stats.
+        self.stream_client = requests.Session()
+        self.stream_client.headers.update(self.client.headers)
+
+    def on_stop(self) -> None:
+        self.stream_client.close()
 
     def _usable_drafters(self) -> tuple[str, ...]:
         """Leave out the drafters that need a draft model when the active target has none."""
@@ -180,22 +260,47 @@ class GenerationUser(SpecOpsUser):
             "prompt": random.choice(PROMPTS), "max_new_tokens": MAX_NEW_TOKENS,
             "drafter": random.choice(self.drafters), "temperature": 0.0, "seed": random.randrange(2**31),
         }
+        posted = time.monotonic()
         with self.client.post(f"{API}/generations/", json=request, name=f"{API}/generations/",
                               catch_response=True) as response:
-            if response.status_code != 202:
+            # 200: a deterministic request answered from the prediction cache, already done.
+            if response.status_code not in (200, 202):
                 response.failure(describe(response))
                 return
             created = response.json()
         known_sessions.append(str(created["id"]))
-        started = time.monotonic()
+        if random.random() < STREAM_SHARE and _stream_slots.acquire(blocking=False):
+            try:
+                self._time_to_first_token(path_of(created["stream_url"]), posted)
+            finally:
+                _stream_slots.release()
         session = self._poll_until_done(path_of(created["url"]))
         if session is None:
-            generation_results.append(("timeout", time.monotonic() - started, 0))
+            generation_results.append(("timeout", time.monotonic() - posted, 0))
             return
-        generation_results.append((session["status"], time.monotonic() - started, session["token_count"]))
+        generation_results.append((session["status"], time.monotonic() - posted, session["token_count"]))
         if session["status"] == "succeeded":
             self._page_tokens(path_of(created["tokens_url"]), expected=session["token_count"])
             self._first_candidates_page(str(created["id"]))
+
+    def _time_to_first_token(self, stream_path: str, posted: float) -> None:
+        """Report the time from the POST to the stream's first tokens event as a TTFT request."""
+        error: Exception | None = None
+        try:
+            with self.stream_client.get(self.host.rstrip("/") + stream_path, stream=True,
+                                        timeout=(5, GENERATION_TIMEOUT_S)) as response:
+                if response.status_code != 200:
+                    raise StreamError(describe(response))
+                # chunk_size=1: iter_lines waits for a full chunk (512 bytes by default) before it
+                # yields, and a first event is smaller; we stop at it, so bytewise reads cost little.
+                lines = response.iter_lines(chunk_size=1, decode_unicode=True)
+                first_tokens_event(lines, posted + GENERATION_TIMEOUT_S)
+        except (requests.RequestException, StreamError, ValueError) as exc:
+            error = exc if isinstance(exc, StreamError) else StreamError(f"{type(exc).__name__}: {exc}")
+        self.environment.events.request.fire(
+            request_type=TTFT_REQUEST_TYPE, name=TTFT_NAME, response_time=(time.monotonic() - posted) * 1000,
+            response_length=0, exception=error, context={},
+        )
 
     def _poll_until_done(self, session_path: str) -> dict | None:
         deadline = time.monotonic() + GENERATION_TIMEOUT_S
