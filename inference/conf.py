@@ -16,11 +16,13 @@ SETTINGS = (
     Setting("SPECOPS_PREDICTION_CACHE_TTL_S", int, 3600, "lifetime of a cached deterministic result"),
     Setting("SPECOPS_RESIDENT_MODELS", int, 4, "model versions a worker process keeps loaded"),
     Setting("SPECOPS_WORKER_DEVICE", str, "cpu", "device of this worker process: cpu, cuda:0, ..."),
-    Setting("SPECOPS_MAX_BATCH", int, 16, "sessions one device's batching loop runs at once (bench/serving.py)"),
+    Setting("SPECOPS_MAX_BATCH", int, 8, "sessions one device's batching loop runs at once (bench/serving.py)"),
     Setting("SPECOPS_PREFILL_CHUNK", int, 64, "prompt tokens a newcomer feeds per step beside the running rows"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
     Setting("SPECOPS_TOKEN_FLUSH_MS", int, 200, "longest a generated token waits in the worker before it is written"),
+    Setting("SPECOPS_OPENAI_TIMEOUT_S", float, 300.0,
+            "how long a non-streaming /v1/ request waits for its generation before a 504"),
 )
 
 conf = AppSettings(SETTINGS)

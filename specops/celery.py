@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_process_shutdown
+from celery.signals import worker_process_shutdown, worker_shutdown
 from kombu import Queue
 
 from specops.conf import cuda_visible_devices, prometheus_multiproc_dir
@@ -65,9 +65,11 @@ app.conf.update(
 app.autodiscover_tasks()
 
 
+@worker_shutdown.connect
 @worker_process_shutdown.connect
 def forget_metrics_of_this_process(pid: int | None = None, **kwargs) -> None:
-    """Drop this process's live gauges from the shared metrics directory when it exits."""
+    """Drop this process's live gauges from the shared metrics directory when it exits
+    (worker_shutdown: the threads pool's worker itself; worker_process_shutdown: a prefork child)."""
     if prometheus_multiproc_dir():
         from prometheus_client import multiprocess
 

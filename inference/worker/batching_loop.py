@@ -158,7 +158,8 @@ class DeviceBatchLoop:
             metrics.observe_forward(kind, rows, tokens, seconds)
         engine.forward_log.clear()
         if engine.last_decision is not None:
-            metrics.observe_policy_decision(engine.last_decision.depth, len(engine.rows))
+            running = sum(len(other.rows) for other in self.engines.values())
+            metrics.observe_policy_decision(engine.last_decision.depth, running)
         for event in events:
             job = self.jobs.get(event.request_id)
             if job is not None:
@@ -227,8 +228,6 @@ class DeviceBatchLoop:
             drafts = stats.drafted_per_position[0] if stats.drafted_per_position else 0
             metrics.observe_speculation(drafter, stats.drafted_per_position,
                                         stats.accepted_per_position, drafts)
-        metrics.observe_generation(drafter, status, now - created,
-                                   event.stats.to_dict() if event is not None else None)
 
 
 _loop: DeviceBatchLoop | None = None
