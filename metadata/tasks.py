@@ -11,9 +11,7 @@ from dataclasses import asdict
 from celery import shared_task
 
 from metadata.cache.snapshots import snapshot_cache_stats  # noqa: F401  (registers the beat task)
-from metadata.partitions.lifecycle import PartitionRotation
-from metadata.partitions.locks import MaintenanceBusy
-from metadata.partitions.recent_index import rotate_recent_index
+from metadata.partitions import MaintenanceLockBusy, PartitionRotation, rotate_recent_index
 
 logger = logging.getLogger(__name__)
 
@@ -21,10 +19,11 @@ logger = logging.getLogger(__name__)
 # Archival of a big backlog can take long; a killed run resumes from its recorded steps.
 @shared_task(name="metadata.tasks.rotate_partitions", soft_time_limit=3300, time_limit=3600)
 def rotate_partitions() -> dict:
-    """Premake partitions, drain DEFAULT, archive expired partitions."""
+    """Premake partitions, drain DEFAULT, archive expired partitions: the plan that
+    ``partitions rotate --dry-run`` prints, made now and applied."""
     try:
         report = PartitionRotation().run()
-    except MaintenanceBusy as exc:
+    except MaintenanceLockBusy as exc:
         logger.info("rotate_partitions skipped: %s", exc)
         return {"skipped": str(exc)}
     logger.info("rotate_partitions: %s", report.summary())
@@ -36,6 +35,6 @@ def rotate_recent_activity_index() -> dict:
     """Rebuild the recent-activity partial index with a fresh literal cutoff."""
     try:
         return {"index": rotate_recent_index()}
-    except MaintenanceBusy as exc:
+    except MaintenanceLockBusy as exc:
         logger.info("rotate_recent_activity_index skipped: %s", exc)
         return {"skipped": str(exc)}

@@ -15,7 +15,6 @@ with ``DETACH ... FINALIZE``.
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from metadata.archival import files
 from metadata.conf import conf
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
 from metadata.partitions import catalog
+from metadata.partitions.errors import ArchivalError, ArchiveIntegrityError
 from metadata.partitions.locks import (
     autocommit_with_lock_retries,
     quote,
@@ -105,6 +105,16 @@ class PartitionArchiver:
         jobs = PartitionArchivalJob.objects.using(self.using).filter(step__in=UNFINISHED)
         return list(jobs.order_by("range_start", "id"))
 
+    def unfinished_job(self, pk: int) -> PartitionArchivalJob | None:
+        """Job ``pk`` if it is still unfinished (a plan made earlier may name one finished since)."""
+        return PartitionArchivalJob.objects.using(self.using).filter(pk=pk, step__in=UNFINISHED).first()
+
+    @staticmethod
+    def remaining_steps(job: PartitionArchivalJob) -> tuple[str, ...]:
+        """The steps ``archive(job)`` would run, in order (empty once dropped)."""
+        done = STEP_ORDER.index(resume_step(job))
+        return tuple(STEP_ORDER[done + 1:])
+
     def archive(self, job: PartitionArchivalJob) -> PartitionArchivalJob:
         """Run the job's remaining steps; on error record ``failed`` (and why) and return."""
         steps = [
@@ -162,16 +172,16 @@ class PartitionArchiver:
 
     def _detach(self, job: PartitionArchivalJob) -> None:
         if not self._is_ours(job):
-            raise RuntimeError(f"table {job.partition} (oid {job.relation_oid}) no longer exists")
+            raise ArchivalError(f"table {job.partition} (oid {job.relation_oid}) no longer exists")
         attached = catalog.attachment(job.partition, self.using)
         if attached is None:
             return  # detached by an earlier run that crashed before recording it
         parent, pending = attached
         if parent != job.parent_table:
-            raise RuntimeError(f"{job.partition} is attached to {parent}, not {job.parent_table}")
+            raise ArchivalError(f"{job.partition} is attached to {parent}, not {job.parent_table}")
         info = next(p for p in catalog.list_partitions(parent, self.using) if p.name == job.partition)
         if info.bounds is None or (info.bounds.start, info.bounds.end) != (job.range_start, job.range_end):
-            raise RuntimeError(
+            raise ArchivalError(
                 f"{job.partition} has bounds {info.bounds}, not the job's [{job.range_start}, {job.range_end})"
             )
         detach = f"ALTER TABLE {quote(parent)} DETACH PARTITION {quote(job.partition)}"
@@ -184,7 +194,7 @@ class PartitionArchiver:
 
     def _export(self, job: PartitionArchivalJob) -> dict:
         if not self._is_ours(job) or catalog.attachment(job.partition, self.using) is not None:
-            raise RuntimeError(f"{job.partition} is not the detached table this job made")
+            raise ArchivalError(f"{job.partition} is not the detached table this job made")
         columns = self._columns(job)
         target = files.archive_path(self.archive_dir, job.parent_table, job.partition, job.pk)
         outermost = not connections[self.using].in_atomic_block
@@ -195,7 +205,7 @@ class PartitionArchiver:
             exported = files.export_table(job.partition, columns, target, self.progress, self.using,
                                           self.pacer.tick)
         if exported != count:
-            raise files.ArchiveError(f"COPY wrote {exported} rows but the table holds {count}")
+            raise ArchiveIntegrityError(f"COPY wrote {exported} rows but the table holds {count}")
         sha256 = files.file_sha256(target)
         manifest = files.ArchiveManifest(
             parent_table=job.parent_table,
@@ -218,12 +228,12 @@ class PartitionArchiver:
     def _verify(self, job: PartitionArchivalJob) -> None:
         target = Path(job.archive_path)
         if not target.exists():
-            raise files.ArchiveError(f"archive {target} is missing")
+            raise ArchiveIntegrityError(f"archive {target} is missing")
         if files.file_sha256(target) != job.archive_sha256:
-            raise files.ArchiveError(f"archive {target} changed since it was written (sha256 differs)")
+            raise ArchiveIntegrityError(f"archive {target} changed since it was written (sha256 differs)")
         manifest = files.ArchiveManifest.read(files.manifest_path(target))
         if not self._is_ours(job):
-            raise RuntimeError(f"table {job.partition} (oid {job.relation_oid}) vanished before verification")
+            raise ArchivalError(f"table {job.partition} (oid {job.relation_oid}) vanished before verification")
         # The recorded figures are the table's, taken in the COPY's own snapshot; the detached
         # table has no writers, so the archive is compared with them, not with a third scan.
         with transaction.atomic(using=self.using):
@@ -231,13 +241,13 @@ class PartitionArchiver:
                                                  self.using, self.pacer.tick)
         recorded = (job.row_count, job.checksum)
         if archived != recorded or (manifest.row_count, manifest.checksum) != recorded:
-            raise files.ArchiveError(f"checksums differ: table {recorded}, archive {archived}")
+            raise ArchiveIntegrityError(f"checksums differ: table {recorded}, archive {archived}")
 
     def _drop(self, job: PartitionArchivalJob) -> None:
         if not self._is_ours(job):
             return  # dropped by an earlier run that crashed before recording it
         if catalog.attachment(job.partition, self.using) is not None:
-            raise RuntimeError(f"{job.partition} is attached again; refusing to drop it")
+            raise ArchivalError(f"{job.partition} is attached again; refusing to drop it")
         with_lock_retries(
             lambda: _execute(f"DROP TABLE IF EXISTS {quote(job.partition)}", self.using),
             f"drop {job.partition}",
@@ -249,7 +259,3 @@ def _execute(statement: str, using: str = DEFAULT_DB_ALIAS) -> None:
     with connections[using].cursor() as cursor:
         cursor.execute(statement)
 
-
-def expired(parent: str, cutoff: dt.datetime, using: str = DEFAULT_DB_ALIAS) -> list[catalog.PartitionInfo]:
-    """Attached range partitions that end at or before ``cutoff`` (oldest first)."""
-    return [p for p in catalog.range_partitions(parent, using) if p.bounds.end <= cutoff]

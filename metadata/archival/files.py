@@ -19,6 +19,7 @@ from pathlib import Path
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from metadata.partitions.errors import ArchiveIntegrityError
 from metadata.partitions.locks import quote
 
 MANIFEST_FORMAT = "specops-partition-archive/1"
@@ -37,10 +38,6 @@ CANONICAL_SETTINGS = (
 )
 
 Progress = Callable[[str], None]
-
-
-class ArchiveError(RuntimeError):
-    """An archive is missing, damaged or does not match what was recorded."""
 
 
 @dataclass(frozen=True)
@@ -69,12 +66,15 @@ class ArchiveManifest:
         try:
             data = json.loads(path.read_text())
         except FileNotFoundError as exc:
-            raise ArchiveError(f"no manifest {path} next to the archive") from exc
+            raise ArchiveIntegrityError(f"no manifest {path} next to the archive") from exc
         except ValueError as exc:
-            raise ArchiveError(f"manifest {path} is not valid JSON") from exc
+            raise ArchiveIntegrityError(f"manifest {path} is not valid JSON") from exc
         if data.get("format") != MANIFEST_FORMAT:
-            raise ArchiveError(f"manifest {path} is not a {MANIFEST_FORMAT} manifest")
-        return cls(**data)
+            raise ArchiveIntegrityError(f"manifest {path} is not a {MANIFEST_FORMAT} manifest")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # a field missing or unknown
+            raise ArchiveIntegrityError(f"manifest {path} does not match {MANIFEST_FORMAT}: {exc}") from exc
 
     @property
     def bounds(self) -> tuple[dt.datetime, dt.datetime]:
@@ -184,7 +184,7 @@ def import_archive(
                         progress(f"{table}: imported {rows} rows")
                         next_report += COPY_PROGRESS_EVERY
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise ArchiveError(f"cannot read {archive}: {exc}") from exc
+        raise ArchiveIntegrityError(f"cannot read {archive}: {exc}") from exc
     return rows
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from metadata.archival.files import (
-    ArchiveError,
     ArchiveManifest,
     file_sha256,
     import_archive,
@@ -26,7 +25,9 @@ from metadata.archival.files import (
 from metadata.models import PARTITIONED_TABLES
 from metadata.partitions import catalog
 from metadata.partitions.bounds import TimeRange
-from metadata.partitions.locks import literal, quote, with_lock_retries
+from metadata.partitions.ddl import add_bound_check, attach_checked_table
+from metadata.partitions.errors import ArchivalError, ArchiveIntegrityError, PartitionOverlapError
+from metadata.partitions.locks import quote, with_lock_retries
 
 logger = logging.getLogger(__name__)
 
@@ -50,53 +51,40 @@ def restore_archive(
     progress = progress or logger.info
     archive = Path(archive)
     if not archive.is_file():
-        raise ArchiveError(f"no archive file {archive}")
+        raise ArchivalError(f"no archive file {archive}")
     manifest = ArchiveManifest.read(manifest_path(archive))
-    if file_sha256(archive) != manifest.file_sha256:
-        raise ArchiveError(f"{archive} is damaged: its sha256 differs from the manifest's")
+    try:
+        sha256 = file_sha256(archive)
+    except OSError as exc:
+        raise ArchivalError(f"cannot read {archive}: {exc}") from exc
+    if sha256 != manifest.file_sha256:
+        raise ArchiveIntegrityError(f"{archive} is damaged: its sha256 differs from the manifest's")
     name = into or manifest.partition
     parent = manifest.parent_table
     if catalog.relation_exists(name, using):
-        raise ArchiveError(f"a table named {name} already exists; choose another with --into")
+        raise ArchivalError(f"a table named {name} already exists; choose another with --into")
     if not catalog.relation_exists(parent, using):
-        raise ArchiveError(f"the parent table {parent} does not exist")
+        raise ArchivalError(f"the parent table {parent} does not exist")
     start, end = manifest.bounds
     bounds = TimeRange(start, end)
     if attach:
         clash = [p.name for p in catalog.range_partitions(parent, using) if p.bounds.overlaps(bounds)]
         if clash:
-            raise ArchiveError(f"{', '.join(clash)} already covers part of {bounds}; restore without --attach")
+            raise PartitionOverlapError(f"{', '.join(clash)} already covers part of {bounds}; restore without --attach")
     with transaction.atomic(using=using):
         with connections[using].cursor() as cursor:
             cursor.execute(f"CREATE TABLE {quote(name)} (LIKE {quote(parent)} INCLUDING ALL)")
         import_archive(archive, name, manifest.columns, progress, using)
         rows, checksum = table_checksum(name, manifest.columns, using)
         if (rows, checksum) != (manifest.row_count, manifest.checksum):
-            raise ArchiveError(
+            raise ArchiveIntegrityError(
                 f"restored rows do not match the manifest: {rows} rows, checksum {checksum[:12]}... "
                 f"vs {manifest.row_count} rows, {manifest.checksum[:12]}..."
             )
         progress(f"{name}: {rows} row(s) restored, checksum verified")
         if attach:
-            column = manifest.partition_column or PARTITIONED_TABLES[parent]
-            with_lock_retries(lambda: _attach(parent, name, column, bounds, using), f"attach {name}", using)
+            add_bound_check(name, manifest.partition_column or PARTITIONED_TABLES[parent], bounds, using)
+            with_lock_retries(lambda: attach_checked_table(parent, name, bounds, using), f"attach {name}", using)
             progress(f"{name}: attached to {parent} {bounds}")
     return RestoreResult(name, rows, checksum, attach)
 
-
-def _attach(parent: str, name: str, column: str, bounds: TimeRange, using: str) -> None:
-    """ATTACH with a matching CHECK first, so PostgreSQL skips scanning the restored rows."""
-    constraint = quote(name[:55] + "_bound")
-    col = quote(column)
-    with connections[using].cursor() as cursor:
-        # As in metadata.partitions.lifecycle: inserts routed with a pre-ATTACH descriptor would fail.
-        cursor.execute(f"LOCK TABLE {quote(parent)} IN SHARE MODE")
-        cursor.execute(
-            f"ALTER TABLE {quote(name)} ADD CONSTRAINT {constraint} CHECK ({col} IS NOT NULL AND "
-            f"{col} >= {literal(bounds.start)} AND {col} < {literal(bounds.end)})"
-        )
-        cursor.execute(
-            f"ALTER TABLE {quote(parent)} ATTACH PARTITION {quote(name)} "
-            f"FOR VALUES FROM ({literal(bounds.start)}) TO ({literal(bounds.end)})"
-        )
-        cursor.execute(f"ALTER TABLE {quote(name)} DROP CONSTRAINT {constraint}")

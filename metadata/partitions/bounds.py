@@ -12,16 +12,14 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from metadata.partitions.errors import BadIntervalError, BoundsError
+
 UTC = dt.timezone.utc
 # date_bin() origin in SQL and the bin origin here: Monday 2000-01-03 00:00 UTC.
 BIN_ORIGIN = dt.datetime(2000, 1, 3, tzinfo=UTC)
 
 _NAMED_INTERVALS = {"hourly": dt.timedelta(hours=1), "daily": dt.timedelta(days=1), "weekly": dt.timedelta(days=7)}
 _INTERVAL_PATTERN = re.compile(r"^(\d+)\s*([hd])$")
-
-
-class BadIntervalError(ValueError):
-    """The configured partition interval is not one this module can align on UTC."""
 
 
 def parse_interval(raw: str) -> dt.timedelta:
@@ -45,10 +43,19 @@ def parse_interval(raw: str) -> dt.timedelta:
     return width
 
 
+def width_text(width: dt.timedelta) -> str:
+    """A bin width for people: ``6 h``, ``1 day``, ``7 days``."""
+    hours = width / dt.timedelta(hours=1)
+    if hours % 24:
+        return f"{hours:g} h"
+    days = int(hours // 24)
+    return f"{days} day" if days == 1 else f"{days} days"
+
+
 def as_utc(moment: dt.datetime) -> dt.datetime:
     """Return ``moment`` in UTC; a naive datetime is refused rather than guessed."""
     if moment.tzinfo is None:
-        raise ValueError(f"naive datetime {moment.isoformat()} has no time zone")
+        raise BoundsError(f"naive datetime {moment.isoformat()} has no time zone")
     return moment.astimezone(UTC)
 
 
@@ -69,7 +76,7 @@ class TimeRange:
         object.__setattr__(self, "start", as_utc(self.start))
         object.__setattr__(self, "end", as_utc(self.end))
         if self.end <= self.start:
-            raise ValueError(f"empty range [{self.start.isoformat()}, {self.end.isoformat()})")
+            raise BoundsError(f"empty range [{self.start.isoformat()}, {self.end.isoformat()})")
 
     def overlaps(self, other: TimeRange) -> bool:
         return self.start < other.end and other.start < self.end

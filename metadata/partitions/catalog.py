@@ -94,6 +94,28 @@ def partition_covering(parent: str, moment: dt.datetime, using: str = DEFAULT_DB
     return next((p for p in range_partitions(parent, using) if p.bounds.contains(moment)), None)
 
 
+def expired_partitions(parent: str, cutoff: dt.datetime, using: str = DEFAULT_DB_ALIAS) -> list[PartitionInfo]:
+    """Attached range partitions that end at or before ``cutoff`` (oldest first)."""
+    return [p for p in range_partitions(parent, using) if p.bounds.end <= cutoff]
+
+
+def default_rows_in(parent: str, column: str, ranges: list[TimeRange], using: str = DEFAULT_DB_ALIAS) -> list[int]:
+    """Rows of the DEFAULT partition in each of ``ranges`` (one query; zeros when there is no DEFAULT)."""
+    default = default_partition(parent, using)
+    if default is None or not ranges:
+        return [0] * len(ranges)
+    conn = connections[using]
+    col = conn.ops.quote_name(column)
+    with _cursor(using) as cursor:
+        cursor.execute(
+            f"SELECT r.n, count(d.{col}) FROM unnest(%s::timestamptz[], %s::timestamptz[]) "
+            f"WITH ORDINALITY AS r(s, e, n) LEFT JOIN {conn.ops.quote_name(default.name)} d "
+            f"ON d.{col} >= r.s AND d.{col} < r.e GROUP BY r.n ORDER BY r.n",
+            [[r.start for r in ranges], [r.end for r in ranges]],
+        )
+        return [count for _, count in cursor.fetchall()]
+
+
 def default_state(parent: str, column: str, using: str = DEFAULT_DB_ALIAS) -> DefaultPartitionState | None:
     """Exact row count and key span of the DEFAULT partition (kept small by draining)."""
     default = default_partition(parent, using, sizes=True)

@@ -20,6 +20,12 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transacti
 from psycopg import sql
 
 from metadata.conf import conf
+from metadata.partitions.errors import (
+    BoundsError,
+    ConcurrentDDLInTransaction,
+    LockRetriesExhausted,
+    MaintenanceLockBusy,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -29,14 +35,6 @@ PARTITION_MAINTENANCE_LOCK = 0x5350_4543_0001  # "SPEC" + 1
 RECENT_INDEX_LOCK = 0x5350_4543_0002
 
 LOCK_NOT_AVAILABLE = "55P03"
-
-
-class MaintenanceBusy(RuntimeError):
-    """Another maintenance run holds the advisory lock; this run did nothing."""
-
-
-class LockRetriesExhausted(RuntimeError):
-    """A statement could not get its lock within ``lock_timeout`` after every retry."""
 
 
 def lock_timeout_ms() -> int:
@@ -60,7 +58,7 @@ def literal(value: object, using: str = DEFAULT_DB_ALIAS) -> str:
     """
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
-            raise ValueError("naive datetime in DDL")
+            raise BoundsError("naive datetime in DDL")
         return f"'{value.astimezone(dt.timezone.utc).isoformat()}'::timestamptz"
     conn = connections[using]
     conn.ensure_connection()
@@ -112,7 +110,7 @@ def autocommit_with_lock_retries(statement: str, what: str, using: str = DEFAULT
     """Run one statement that refuses a transaction block (``... CONCURRENTLY``), with retries."""
     conn = connections[using]
     if conn.in_atomic_block:
-        raise RuntimeError(f"{what} cannot run inside a transaction (it uses CONCURRENTLY)")
+        raise ConcurrentDDLInTransaction(f"{what} cannot run inside a transaction (it uses CONCURRENTLY)")
 
     def attempt_once() -> None:
         with conn.cursor() as cursor:
@@ -127,7 +125,7 @@ def autocommit_with_lock_retries(statement: str, what: str, using: str = DEFAULT
 
 @contextlib.contextmanager
 def advisory_lock(key: int, using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
-    """Hold ``pg_try_advisory_lock(key)`` for the block, or raise ``MaintenanceBusy`` at once.
+    """Hold ``pg_try_advisory_lock(key)`` for the block, or raise ``MaintenanceLockBusy`` at once.
 
     The lock lives on a dedicated, unpooled connection: a pooled connection handed back with a
     session lock still held would block every later run.
@@ -145,7 +143,7 @@ def advisory_lock(key: int, using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     try:
         (acquired,) = lock_conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
         if not acquired:
-            raise MaintenanceBusy("another maintenance run holds the lock; try again later")
+            raise MaintenanceLockBusy("another maintenance run holds the lock; try again later")
         try:
             yield
         finally:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from metadata.conf import conf
 from metadata.models import Session
+from metadata.partitions.errors import ConcurrentDDLInTransaction
 from metadata.partitions.locks import RECENT_INDEX_LOCK, advisory_lock, literal, quote
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def rotate_recent_index(
     """Make sure a fresh enough index exists, then drop the others; returns the index in use.
 
     Idempotent: when the newest valid index is younger than one rotation period it is kept.
-    Raises ``MaintenanceBusy`` if another rotation of this index is running.
+    Raises ``MaintenanceLockBusy`` if another rotation of this index is running.
     """
     policy = policy or RecentIndexPolicy.from_settings()
     now = now or timezone.now()
@@ -131,7 +132,7 @@ def _concurrently(statement: str, using: str) -> None:
     """
     conn = connections[using]
     if conn.in_atomic_block:
-        raise RuntimeError("index rotation uses CONCURRENTLY and cannot run inside a transaction")
+        raise ConcurrentDDLInTransaction("index rotation uses CONCURRENTLY and cannot run inside a transaction")
     with conn.cursor() as cursor:
         cursor.execute(statement)
 

@@ -7,8 +7,7 @@ import uuid
 from django.db import connection
 
 from metadata.models import PARTITIONED_TABLES
-from metadata.partitions import catalog
-from metadata.partitions.recent_index import existing_indexes
+from metadata.partitions import catalog, existing_indexes
 
 UTC = dt.timezone.utc
 

@@ -5,7 +5,7 @@ import datetime as dt
 
 from django.urls import reverse
 
-from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
+from metadata.partitions import PartitionPolicy, PartitionRotation
 from tests.metadata.partition_helpers import day, insert_tokens
 
 
@@ -30,3 +30,9 @@ def test_archival_jobs_are_listed_read_only(partitioned, admin_client) -> None:
     page = listing.content.decode()
     assert f"metadata_token_p{day(0):%Y%m%d}" in page and reverse("admin:metadata_partitions") in page
     assert admin_client.get(reverse("admin:metadata_partitionarchivaljob_add")).status_code == 403
+
+
+def test_the_admin_index_links_the_partitions_page(admin_client) -> None:
+    response = admin_client.get(reverse("admin:index"))
+    assert response.status_code == 200
+    assert f'href="{reverse("admin:metadata_partitions")}"' in response.content.decode()

@@ -10,12 +10,16 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from metadata.archival.archiver import CrashPoint, InjectedCrash, PartitionArchiver
-from metadata.archival.files import ArchiveError, table_checksum
-from metadata.archival.restore import restore_archive
+from metadata.archival import (
+    ArchiveIntegrityError,
+    CrashPoint,
+    InjectedCrash,
+    PartitionArchiver,
+    restore_archive,
+    table_checksum,
+)
 from metadata.models import ArchivalStep, PartitionArchivalJob
-from metadata.partitions import catalog
-from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
+from metadata.partitions import PartitionOverlapError, PartitionPolicy, PartitionRotation, catalog
 from tests.metadata.partition_helpers import day, insert_tokens, row_count, token_keys
 
 ONLY_TOKENS = {"metadata_token": "session_created_at"}
@@ -114,7 +118,7 @@ def test_restore_refuses_a_damaged_archive_and_leaves_nothing(old_partition) -> 
     data = bytearray(archive.read_bytes())
     data[len(data) // 2] ^= 0xFF
     archive.write_bytes(bytes(data))
-    with pytest.raises(ArchiveError, match="damaged"):
+    with pytest.raises(ArchiveIntegrityError, match="damaged"):
         restore_archive(archive, progress=lambda _: None)
     assert not catalog.relation_exists(PARTITION)
 
@@ -124,7 +128,7 @@ def test_restore_with_attach_puts_the_rows_back_behind_the_parent(old_partition)
     result = restore_archive(Path(job.archive_path), attach=True, progress=lambda _: None)
     assert result.attached and catalog.attachment(PARTITION) == ("metadata_token", False)
     assert row_count("metadata_token") == 550
-    with pytest.raises(ArchiveError, match="already"):
+    with pytest.raises(PartitionOverlapError, match="already"):
         restore_archive(Path(job.archive_path), into="twice", attach=True, progress=lambda _: None)
 
 

@@ -6,10 +6,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from metadata.partitions import catalog
-from metadata.partitions.beat_jobs import periodic_jobs, register_periodic_tasks
-from metadata.partitions.bounds import bin_start
-from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK
+from metadata.partitions import PARTITION_MAINTENANCE_LOCK, bin_start, catalog, periodic_jobs, register_periodic_tasks
 from metadata.tasks import rotate_partitions, rotate_recent_activity_index
 from specops.celery import app
 

@@ -8,14 +8,15 @@ import psycopg
 import pytest
 from django.db import connection
 
-from metadata.partitions import catalog
-from metadata.partitions.bounds import TimeRange
-from metadata.partitions.lifecycle import (
-    PartitionMaker,
+from metadata.partitions import (
+    PARTITION_MAINTENANCE_LOCK,
+    MaintenanceLockBusy,
     PartitionPolicy,
     PartitionRotation,
+    TimeRange,
+    catalog,
 )
-from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK, MaintenanceBusy
+from metadata.partitions.maker import PartitionMaker
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
 
 ONLY_TOKENS = {"metadata_token": "session_created_at"}
@@ -99,7 +100,7 @@ def test_a_second_run_is_refused_while_one_holds_the_advisory_lock(partitioned) 
     with psycopg.connect(dbname=params["NAME"], host=params["HOST"], port=params["PORT"], user=params["USER"],
                          autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", (PARTITION_MAINTENANCE_LOCK,))
-        with pytest.raises(MaintenanceBusy):
+        with pytest.raises(MaintenanceLockBusy):
             rotate(day(0))
     assert token_ranges() == []
     rotate(day(0))  # the lock went with the other session

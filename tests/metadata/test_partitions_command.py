@@ -14,8 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from metadata.models import ArchivalStep, PartitionArchivalJob
-from metadata.partitions import catalog
-from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK
+from metadata.partitions import PARTITION_MAINTENANCE_LOCK, catalog
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
 
 ROOT = Path(settings.BASE_DIR)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.db import connections, transaction
 
-from metadata.archival.files import ArchiveManifest, checksum_of_archive, manifest_path
+from metadata.archival import ArchiveManifest, checksum_of_archive, manifest_path
 from metadata.models import (
     ArchivalStep,
     Candidate,
@@ -26,7 +26,7 @@ from metadata.models import (
     TokenKind,
     TokenRecord,
 )
-from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
+from metadata.partitions import PartitionPolicy, PartitionRotation
 from metadata.sessions.writers import insert_ignoring_conflicts
 from tests.metadata.partition_helpers import day, row_count
 

@@ -1,33 +1,26 @@
 """Operator command for the partition lifecycle.
 
     manage.py partitions status
-    manage.py partitions rotate [--now 2026-03-01T12:00:00+00:00]
+    manage.py partitions rotate [--dry-run] [--now 2026-03-01T12:00:00+00:00]
     manage.py partitions archive <partition>
     manage.py partitions restore <archive.copy.gz> [--into TABLE] [--attach]
     manage.py partitions schedule
 
-Every failure is one line on stderr and exit status 1; progress goes to stdout, step by step.
+Every failure (a ``PartitionError``, or a mistake in the arguments) is one line on stderr and exit
+status 1; progress goes to stdout, step by step. ``rotate --dry-run`` prints the plan and changes
+nothing.
 """
 from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DEFAULT_DB_ALIAS
 
-from metadata.archival.archiver import UNFINISHED
-from metadata.archival.files import ArchiveError
-from metadata.archival.restore import restore_archive
+from metadata.archival import UNFINISHED, restore_archive
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
-from metadata.partitions import catalog
-from metadata.partitions.beat_jobs import register_periodic_tasks
-from metadata.partitions.lifecycle import PartitionRotation
-from metadata.partitions.locks import LockRetriesExhausted, MaintenanceBusy
-
-OPERATOR_ERRORS = (MaintenanceBusy, LookupError, ArchiveError, ImproperlyConfigured, LockRetriesExhausted,
-                   DatabaseError, ValueError, OSError)
+from metadata.partitions import ArchivalError, PartitionError, PartitionRotation, catalog, register_periodic_tasks
 
 
 class OneLineErrorParser(CommandParser):
@@ -43,6 +36,19 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+def _moment(now: str | None) -> dt.datetime | None:
+    """``--now`` as an aware datetime; a mistake in it is the command's one-line error."""
+    if not now:
+        return None
+    try:
+        moment = dt.datetime.fromisoformat(now)
+    except ValueError as exc:
+        raise CommandError(f"partitions rotate: {_one_line(exc)}") from exc
+    if moment.tzinfo is None:
+        raise CommandError(f"partitions rotate: --now {now!r} needs a UTC offset, e.g. {now}+00:00")
+    return moment
+
+
 class Command(BaseCommand):
     help = "Partition lifecycle: status, rotate, archive <partition>, restore <archive>, schedule."
 
@@ -52,6 +58,8 @@ class Command(BaseCommand):
         actions.add_parser("status", help="partitions, bounds, sizes, the DEFAULT partition, open jobs")
         rotate = actions.add_parser("rotate", help="premake, drain DEFAULT, archive expired partitions")
         rotate.add_argument("--now", help="ISO time with offset to rotate as of (default: now)")
+        rotate.add_argument("--dry-run", action="store_true",
+                            help="print what the rotation would create, drain, archive and drop; change nothing")
         archive = actions.add_parser("archive", help="archive one partition now, whatever its age")
         archive.add_argument("partition")
         restore = actions.add_parser("restore", help="re-import an archive and verify its checksum")
@@ -63,7 +71,7 @@ class Command(BaseCommand):
     def handle(self, *args, action: str, **options) -> None:
         try:
             getattr(self, f"do_{action}")(**options)
-        except OPERATOR_ERRORS as exc:
+        except PartitionError as exc:
             raise CommandError(f"partitions {action}: {_one_line(exc)}") from exc
 
     def say(self, line: str) -> None:
@@ -88,21 +96,22 @@ class Command(BaseCommand):
             detail = f" at {job.failed_step}: {job.error}" if job.step == ArchivalStep.FAILED else ""
             self.say(f"archival job {job.pk} {job.partition}: {job.step}{detail}")
 
-    def do_rotate(self, now: str | None = None, **_) -> None:
-        moment = None
-        if now:
-            moment = dt.datetime.fromisoformat(now)
-            if moment.tzinfo is None:
-                raise ValueError(f"--now {now!r} needs a UTC offset, e.g. {now}+00:00")
-        report = PartitionRotation(progress=self.say).run(moment)
+    def do_rotate(self, now: str | None = None, dry_run: bool = False, **_) -> None:
+        plan = PartitionRotation(progress=self.say).plan(_moment(now))
+        if dry_run:
+            plan.print(self.say)
+            self.say("dry run: nothing changed")
+            return
+        self.say(f"plan: {plan.summary()}")
+        report = plan.apply()
         self.say(report.summary())
         if report.failed:
-            raise ArchiveError(f"{len(report.failed)} archival job(s) failed; first: {report.failed[0]}")
+            raise ArchivalError(f"{len(report.failed)} archival job(s) failed; first: {report.failed[0]}")
 
     def do_archive(self, partition: str, **_) -> None:
         job = PartitionRotation(progress=self.say).archive_one(partition)
         if job.step != ArchivalStep.DROPPED:
-            raise ArchiveError(f"{partition} failed at {job.failed_step}: {job.error} (rerun to resume)")
+            raise ArchivalError(f"{partition} failed at {job.failed_step}: {job.error} (rerun to resume)")
         self.say(f"{partition}: {job.row_count} row(s) archived to {job.archive_path}")
 
     def do_restore(self, archive: str, into: str | None = None, attach: bool = False, **_) -> None:
