@@ -20,6 +20,8 @@ SETTINGS = (
     Setting("SPECOPS_PREFILL_CHUNK", int, 64, "prompt tokens a newcomer feeds per step beside the running rows"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
+    Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),
+    Setting("SPECOPS_MAX_ATTEMPTS", int, 3, "runs of one session (first run and resumes) before it fails"),
     Setting("SPECOPS_TOKEN_FLUSH_MS", int, 200, "longest a generated token waits in the worker before it is written"),
     Setting("SPECOPS_OPENAI_TIMEOUT_S", float, 300.0,
             "how long a non-streaming /v1/ request waits for its generation before a 504"),

@@ -73,6 +73,12 @@ class Session(models.Model):
     stats = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Crash safety: a worker claims a session by taking its lease (status running, lease in the
+    # future) and renews it while the session is in its batch; an expired lease means the worker
+    # died, and the reconciler re-enqueues the session. attempts counts claims (runs and resumes).
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=128, blank=True, default="")
 
     class Meta:
         indexes = [

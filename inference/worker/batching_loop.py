@@ -18,8 +18,10 @@ import threading
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.db import close_old_connections
+from django.utils import timezone
 
 from inference.conf import conf
 from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest, RowEvent
@@ -74,6 +76,7 @@ class DeviceBatchLoop:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
+        self._last_renewal = 0.0
 
     # -- called from task threads -------------------------------------------------------
 
@@ -96,6 +99,7 @@ class DeviceBatchLoop:
                 if not self.jobs:
                     continue
                 self._poll_cancellations()
+                self._renew_leases()
                 for pair, engine in list(self.engines.items()):
                     if engine.has_work():
                         self._step(pair, engine)
@@ -144,6 +148,16 @@ class DeviceBatchLoop:
             job = self.jobs.get(session_id)
             if job is not None:
                 self.engines[job.pair].cancel(session_id)
+
+    def _renew_leases(self) -> None:
+        """Heartbeat: extend the lease of every session in hand, so the reconciler leaves them be."""
+        now = time.monotonic()
+        if now - self._last_renewal < conf.SESSION_LEASE_S / 3:
+            return
+        self._last_renewal = now
+        wall = timezone.now()
+        Session.objects.filter(pk__in=list(self.jobs), status=SessionStatus.RUNNING).update(
+            lease_expires_at=wall + timedelta(seconds=conf.SESSION_LEASE_S), last_activity_at=wall)
 
     def _step(self, pair, engine: BatchedSpeculativeEngine) -> None:
         try:

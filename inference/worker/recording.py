@@ -22,6 +22,16 @@ from metadata.sessions.state import invalidate_session
 from metadata.sessions.writers import BatchWriter
 
 
+# PostgreSQL text cannot hold NUL (0x00), which a model may generate. Token ids are the truth;
+# the text column and each token's piece show NUL as U+2400 (SYMBOL FOR NULL) instead.
+NUL_IN_TEXT = "\u2400"
+
+
+def pg_text(text: str) -> str:
+    """`text` as PostgreSQL can store it: NUL shown as U+2400 (see NUL_IN_TEXT)."""
+    return text.replace("\x00", NUL_IN_TEXT) if "\x00" in text else text
+
+
 def token_kinds(drafted: int, accepted: int, bonus: bool, count: int) -> list[int]:
     """The kind of each emitted token of one step (a stop may have cut the step short)."""
     if drafted == 0:
@@ -57,7 +67,7 @@ class SessionRecorder:
             writer.add(TokenRecord(
                 session_id=self.session.pk, session_created_at=self.session.created_at,
                 position=start + offset, step=self.step, token_id=token_id,
-                piece=self.decode([token_id]), kind=kind, logprob=None,
+                piece=pg_text(self.decode([token_id])), kind=kind, logprob=None,
             ))
         for branch_no, branch in enumerate(step.branches):
             writer.add(Candidate(
@@ -78,7 +88,7 @@ class SessionRecorder:
     def save_progress(self) -> None:
         now = timezone.now()
         Session.objects.filter(pk=self.session.pk).update(
-            token_count=len(self.token_ids), text=self.decode(self.token_ids), updated_at=now,
+            token_count=len(self.token_ids), text=pg_text(self.decode(self.token_ids)), updated_at=now,
             last_activity_at=now)
         invalidate_session(self.session.pk)
         self.dirty = False
@@ -107,18 +117,25 @@ class BatchRecorder:
 
 def finish_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",
                    token_ids: list[int] | None = None, text: str | None = None,
-                   stats: dict | None = None) -> None:
-    """Write the session's outcome and tell its stream; the cache entry goes after the commit."""
+                   stats: dict | None = None) -> bool:
+    """Write the session's outcome once and tell its stream; the cache entry goes after the commit.
+
+    A session that already succeeded or failed is left as it is (returns False, no second
+    final event): a generation ends exactly once. A cancelled one gets its final fields.
+    """
     now = timezone.now()
     fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": now,
-              "updated_at": now, "last_activity_at": now}
+              "updated_at": now, "last_activity_at": now, "lease_expires_at": None}
     if token_ids is not None:
-        fields.update(token_count=len(token_ids), text=text, stats=stats or {})
+        fields.update(token_count=len(token_ids), text=pg_text(text or ""), stats=stats or {})
     with transaction.atomic():
-        Session.objects.filter(pk=session.pk).update(**fields)
+        updated = (Session.objects.filter(pk=session.pk)
+                   .exclude(status__in=(SessionStatus.SUCCEEDED, SessionStatus.FAILED)).update(**fields))
         invalidate_session(session.pk)
-    token_stream.publish(session.pk, "done", {"status": status, "finish_reason": finish_reason,
-                                              "error": error})
+    if updated:
+        token_stream.publish(session.pk, "done", {"status": status, "finish_reason": finish_reason,
+                                                  "error": error})
+    return bool(updated)
 
 
 TERMINAL = (SessionStatus.SUCCEEDED, SessionStatus.FAILED, SessionStatus.CANCELLED)

@@ -1,16 +1,22 @@
-"""Run one session in a worker: prepare it, hand it to the device's batching loop, wait for its end.
+"""Run one session in a worker: claim it, prepare it, hand it to the device's batching loop, wait.
 
-Called by the Celery task on a thread of the worker's threads pool. Everything that can be
-checked before the loop is checked here (the session's models load, its prompt tokenizes); the
-loop then runs it with every other session the process holds. Safe to run again after a crash:
-a finished session is left alone, and a redelivered one writes nothing twice (rows are inserted
-with ON CONFLICT DO NOTHING).
+Called by the Celery task on a thread of the worker's threads pool. The task first claims the
+session (an UPDATE that succeeds only when the session is queued, or running with an expired
+lease), so two deliveries of one session never run it twice at once; the batching loop renews
+the lease while the session is in its batch. Everything that can be checked before the loop is
+checked here (the models load, the prompt tokenizes). A redelivered or re-enqueued session
+resumes: its committed tokens are prefilled with the prompt and never generated again, and its
+stream continues after the committed steps.
 """
 from __future__ import annotations
 
 import logging
+import socket
 import time
+from datetime import timedelta
 
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from inference.conf import conf
@@ -20,7 +26,7 @@ from inference.worker import metrics
 from inference.worker.batching_loop import SessionJob, device_loop
 from inference.worker.recording import TERMINAL, SessionRecorder, finish_session
 from inference.worker.residency import residency
-from metadata.models import Session, SessionStatus
+from metadata.models import Session, SessionStatus, TokenRecord
 from metadata.sessions.state import invalidate_session
 
 logger = logging.getLogger(__name__)
@@ -44,20 +50,63 @@ def draft_config(params: dict) -> DraftConfig:
     return DraftConfig(length=params.get("draft_length", 4))
 
 
+def committed_tokens(session: Session) -> tuple[list[int], int]:
+    """The session's committed tokens (the gap-free prefix from position 0) and the next step."""
+    rows = (TokenRecord.objects.filter(session_id=session.pk, session_created_at=session.created_at)
+            .order_by("position").values_list("position", "token_id", "step"))
+    tokens, next_step = [], 0
+    for position, token_id, step in rows:
+        if position != len(tokens):
+            break
+        tokens.append(token_id)
+        next_step = step + 1
+    return tokens, next_step
+
+
+def claim(session: Session) -> bool:
+    """Take the session's lease: only when it is queued, or running with a lapsed lease."""
+    now = timezone.now()
+    lapsed = Q(status=SessionStatus.RUNNING) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+    claimed = Session.objects.filter(Q(pk=session.pk) & (Q(status=SessionStatus.QUEUED) | lapsed)).update(
+        status=SessionStatus.RUNNING, started_at=Coalesce(F("started_at"), Value(now)),
+        updated_at=now, last_activity_at=now, lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S),
+        worker=socket.gethostname(), attempts=F("attempts") + 1)
+    invalidate_session(session.pk)
+    return bool(claimed)
+
+
 def prepare(session: Session) -> SessionJob:
     """Load the session's models and build its batch request (errors here fail the session)."""
     target = residency.get(session.target)
     draft = residency.get(session.draft) if session.draft else None
     tokenizer = target.tokenizer
     prompt_ids = tokenizer(session.prompt)["input_ids"]
+    resumed, next_step = committed_tokens(session)
     request = BatchRequest(
         request_id=session.pk, prompt_ids=prompt_ids,
         config=generation_config(session.params, tokenizer.eos_token_id),
         drafter=session.drafter, draft_config=draft_config(session.params),
-        deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S)
+        deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed))
+    recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
     return SessionJob(session=session, request=request, target=target, draft=draft,
-                      model_name=session.target.name,
-                      recorder=SessionRecorder(session, tokenizer.decode))
+                      model_name=session.target.name, recorder=recorder)
+
+
+def finished_before(job: SessionJob) -> str | None:
+    """The finish reason when the committed tokens already end the generation (a crash between
+    the last commit and the session's final update), else None."""
+    tokens, config = list(job.request.resume_ids), job.request.config
+    if not tokens:
+        return None
+    if len(tokens) >= config.max_new_tokens:
+        return "length"
+    if config.eos_token_id is not None and tokens[-1] in config.eos_token_ids:
+        return "eos"
+    if config.stop_strings:
+        text = job.target.tokenizer.decode(tokens)
+        if any(stop in text for stop in config.stop_strings):
+            return "stop"
+    return None
 
 
 def run_session(session_id) -> str:
@@ -65,10 +114,13 @@ def run_session(session_id) -> str:
     session = Session.objects.select_related("target", "draft").get(pk=session_id)
     if session.status in TERMINAL:
         return session.status  # a redelivery of a finished task does nothing
-    now = timezone.now()
-    Session.objects.filter(pk=session.pk).update(status=SessionStatus.RUNNING, started_at=now,
-                                                 updated_at=now)
-    invalidate_session(session.pk)
+    if not claim(session):
+        return Session.objects.get(pk=session.pk).status  # another worker holds it
+    session.refresh_from_db(fields=["attempts"])
+    if session.attempts > conf.MAX_ATTEMPTS:
+        finish_session(session, SessionStatus.FAILED,
+                       error=f"gave up after {conf.MAX_ATTEMPTS} attempts (the worker was lost each time)")
+        return SessionStatus.FAILED
     try:
         job = prepare(session)
     except Exception as exc:
@@ -76,6 +128,12 @@ def run_session(session_id) -> str:
         finish_session(session, SessionStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
         metrics.observe_generation(session.drafter, SessionStatus.FAILED, 0.0, None)
         raise
+    reason = finished_before(job)
+    if reason is not None:
+        tokens = job.recorder.token_ids
+        finish_session(session, SessionStatus.SUCCEEDED, finish_reason=reason, token_ids=tokens,
+                       text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)})
+        return SessionStatus.SUCCEEDED
     device_loop().submit(job)
     if not job.done.wait(conf.GENERATION_TIMEOUT_S + WAIT_MARGIN_S):
         logger.error("session %s: the batching loop did not end it in time", session.pk)
