@@ -7,14 +7,18 @@ from django.db import transaction
 from transformers import AutoConfig
 
 from inference.conf import conf
-from inference.engine.loading import model_context_length
+from inference.engine.loading import (
+    ModelLoadError,
+    check_pair_directories,
+    model_context_length,
+)
 from inference.models import ModelRole, ModelVersion, VersionStatus
 
 DEMO_NAME = "demo"
 
 
 class RegistrationError(Exception):
-    """A model directory cannot be registered (missing, not a model, bad device)."""
+    """A model directory cannot be registered (missing, not a model, bad device, foreign draft)."""
 
 
 def read_context_length(directory: Path) -> int:
@@ -49,11 +53,22 @@ def register_version(name: str, version: str, role: str, directory: Path, device
     return model_version
 
 
+@transaction.atomic
 def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | None, device: str = "cpu",
                   promote: bool = True) -> ModelVersion:
-    """Register a target with its draft as its default draft; return the target version."""
+    """Register a target with its draft as its default draft; return the target version.
+
+    The draft must share the target's tokenizer and EOS (checked from the directories' tokenizers,
+    before anything is written); otherwise a one-line RegistrationError names both directories.
+    """
     draft = None
     if draft_dir is not None:
+        read_context_length(target_dir)
+        read_context_length(draft_dir)
+        try:
+            check_pair_directories(target_dir, draft_dir)
+        except ModelLoadError as exc:
+            raise RegistrationError(str(exc)) from exc
         draft = register_version(name, version, ModelRole.DRAFT, draft_dir, device, promote=promote)
     return register_version(name, version, ModelRole.TARGET, target_dir, device, default_draft=draft,
                             promote=promote)

@@ -1,4 +1,4 @@
-"""POST /api/v1/generations/ and GET /api/v1/sessions/{id}/: validation, auth, tenancy."""
+"""POST /api/v1/generations/ and GET /api/v1/sessions/{id}/: validation, auth, tenancy; registering a pair."""
 from __future__ import annotations
 
 import uuid
@@ -8,6 +8,7 @@ import redis
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from inference.engine.drafters import DRAFTERS, PARAMETER_NAMES
 from metadata.models import Session, Tenant
 
 URL = "/api/v1/generations/"
@@ -109,3 +110,74 @@ def test_model_promotion_needs_an_operator(api_client, tiny_model, admin_client)
     assert response.status_code == 200 and response.json()["replaced"] == [tiny_model.pk]
     tiny_model.refresh_from_db()
     assert tiny_model.status == "retired"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "body, field, rule",
+    [
+        ({"drafter": "tree", "draft_length": 3}, "draft_length",
+         "the 'tree' drafter does not take draft_length (it takes tree_width, tree_depth, node_budget)"),
+        ({"drafter": "none", "tree_width": 2}, "tree_width", "the 'none' drafter does not take tree_width"),
+        ({"drafter": "draft_model", "ngram_size": 2}, "ngram_size", "the 'draft_model' drafter does not"),
+        ({"node_budget": 4}, "node_budget", "the 'draft_model' drafter does not take node_budget"),  # the default
+        ({"drafter": "tree", "tree_depth": 0}, "tree_depth", "greater than or equal to 1"),
+        ({"drafter": "tree", "node_budget": 65}, "node_budget", "less than or equal to 64"),
+    ],
+)
+def test_a_parameter_the_drafter_does_not_take_is_400_naming_it_and_the_drafter(api_client, tiny_model, body,
+                                                                               field, rule):
+    response = api_client.post(URL, {"prompt": "def f():", **body}, format="json")
+    assert response.status_code == 400, response.content
+    assert rule in " ".join(map(str, response.json()[field]))
+    assert Session.objects.count() == 0 and queued_messages() == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "body, drafter, stored",
+    [
+        ({}, "draft_model", {"draft_length": 4}),
+        ({"drafter": "tree", "tree_width": 3}, "tree", {"tree_width": 3, "tree_depth": 4, "node_budget": 8}),
+        ({"drafter": "ngram", "draft_length": 6}, "ngram", {"draft_length": 6, "ngram_size": 3}),
+        ({"drafter": "none"}, "none", {}),
+    ],
+)
+def test_the_session_stores_every_parameter_of_its_drafter_and_no_other(api_client, tiny_model, body, drafter,
+                                                                         stored):
+    response = api_client.post(URL, {"prompt": "import os\n", **body}, format="json")
+    assert response.status_code == 202, response.content
+    session = Session.objects.get(pk=response.json()["id"])
+    assert session.drafter == drafter
+    assert {key: value for key, value in session.params.items() if key in PARAMETER_NAMES} == stored
+    config = DRAFTERS[drafter].draft_config(session.params)  # what the worker builds from the row
+    assert all(getattr(config, p.field) == stored[p.name] for p in DRAFTERS[drafter].parameters)
+
+
+def test_the_drafter_choices_are_the_registry_s():
+    from inference.api.serializers import GenerationRequestSerializer
+
+    fields = GenerationRequestSerializer().fields
+    assert list(fields["drafter"].choices) == list(DRAFTERS) and "auto" in DRAFTERS
+    assert {"draft_length", "tree_width", "tree_depth", "node_budget", "ngram_size"} <= set(fields)
+
+
+@pytest.mark.django_db
+def test_registering_a_draft_with_another_tokenizer_is_refused_naming_both_directories(tiny_model_dirs, tmp_path):
+    from django.core.management import CommandError, call_command
+
+    from inference.models import ModelVersion
+    from inference.registry import RegistrationError, register_pair
+    from tests.tiny_models import build_foreign_draft
+
+    target_dir = tiny_model_dirs[0]
+    foreign_dir = build_foreign_draft(tmp_path / "foreign-draft")
+    with pytest.raises(RegistrationError, match="does not share the tokenizer") as raised:
+        register_pair("mixed", "1", target_dir, foreign_dir)
+    message = str(raised.value)
+    assert str(target_dir) in message and str(foreign_dir) in message and "\n" not in message
+    with pytest.raises(CommandError, match="does not share the tokenizer") as raised:
+        call_command("register_model", "mixed", "1", str(target_dir), "--draft", str(foreign_dir))
+    assert str(target_dir) in str(raised.value) and str(foreign_dir) in str(raised.value)
+    assert not ModelVersion.objects.filter(name="mixed").exists()  # nothing half-registered
+    assert register_pair("matched", "1", *tiny_model_dirs).default_draft is not None

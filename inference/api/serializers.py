@@ -3,18 +3,41 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from inference.api.tokenizers import count_tokens
+from inference.engine.drafters import (
+    DRAFTER_PARAMETERS,
+    DRAFTERS,
+    PARAMETER_NAMES,
+    DrafterKind,
+    DrafterParameter,
+)
+from inference.engine.errors import ConfigError
 from inference.models import ModelRole, ModelVersion, VersionStatus
 
-DRAFTERS = ("draft_model", "tree", "ngram", "none")
-NEEDS_DRAFT_MODEL = ("draft_model", "tree")
+
+def _drafter_choices() -> list[tuple[str, str]]:
+    return [(kind.name, kind.summary) for kind in DRAFTERS.values()]
+
+
+def _parameter_field(parameter: DrafterParameter) -> serializers.IntegerField:
+    takers = ", ".join(kind.name for kind in DRAFTERS.values() if kind.takes(parameter.name))
+    return serializers.IntegerField(
+        min_value=parameter.minimum, max_value=parameter.maximum, required=False,
+        help_text=f"{parameter.help} (drafters {takers}; default {parameter.default}).")
 
 
 class GenerationRequestSerializer(serializers.Serializer):
-    """A generation request; ``validate`` checks it against the model it names."""
+    """A generation request; ``validate`` checks it against the model it names.
+
+    The drafter choices and each drafter's own parameters (``draft_length``, ``tree_width``, ...)
+    come from the engine's drafter registry; a parameter the chosen drafter does not take is a
+    400 naming the parameter and the drafter.
+    """
 
     prompt = serializers.CharField(trim_whitespace=False, max_length=100_000)
     model = serializers.CharField(required=False, help_text="Model name; default: the active target.")
-    drafter = serializers.ChoiceField(choices=DRAFTERS, required=False)
+    drafter = serializers.ChoiceField(
+        choices=_drafter_choices(), required=False,
+        help_text="Default: draft_model when the model has a draft, else ngram.")
     max_new_tokens = serializers.IntegerField(min_value=1, max_value=2048, default=64)
     temperature = serializers.FloatField(min_value=0.0, max_value=5.0, default=0.0)
     top_k = serializers.IntegerField(min_value=0, default=0)
@@ -22,7 +45,11 @@ class GenerationRequestSerializer(serializers.Serializer):
     seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)
     stop = serializers.ListField(child=serializers.CharField(min_length=1, max_length=64, trim_whitespace=False),
                                  max_length=4, default=list)
-    draft_length = serializers.IntegerField(min_value=1, max_value=8, default=4)
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        fields = super().get_fields()
+        fields.update({parameter.name: _parameter_field(parameter) for parameter in DRAFTER_PARAMETERS})
+        return fields
 
     def validate_top_p(self, value: float) -> float:
         if value <= 0.0:
@@ -31,10 +58,12 @@ class GenerationRequestSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict) -> dict:
         target = self._active_target(attrs.get("model"))
-        drafter = attrs.get("drafter") or ("draft_model" if target.default_draft_id else "ngram")
-        if drafter in NEEDS_DRAFT_MODEL and target.default_draft_id is None:
+        kind = DRAFTERS[attrs.get("drafter") or ("draft_model" if target.default_draft_id else "ngram")]
+        drafter = kind.name
+        if kind.needs_draft_model and target.default_draft_id is None:
             raise serializers.ValidationError({"drafter": f"'{drafter}' needs a draft model; model "
                                                f"'{target.name}' has none (use 'ngram' or 'none')."})
+        drafter_params = self._drafter_params(kind, attrs)
         prompt_tokens = count_tokens(str(target.directory), attrs["prompt"])
         if prompt_tokens == 0:
             raise serializers.ValidationError({"prompt": "must contain at least one token."})
@@ -43,9 +72,22 @@ class GenerationRequestSerializer(serializers.Serializer):
             raise serializers.ValidationError({field: (
                 f"the prompt is {prompt_tokens} tokens and max_new_tokens is {attrs['max_new_tokens']}; "
                 f"model '{target.name}' accepts at most {target.context_length} tokens in all.")})
-        attrs.update(target=target, drafter=drafter, prompt_tokens=prompt_tokens,
-                     draft=target.default_draft if drafter in NEEDS_DRAFT_MODEL else None)
+        attrs.update(target=target, drafter=drafter, prompt_tokens=prompt_tokens, drafter_params=drafter_params,
+                     draft=target.default_draft if kind.uses_draft_model else None)
         return attrs
+
+    @staticmethod
+    def _drafter_params(kind: DrafterKind, attrs: dict) -> dict:
+        """The drafter's parameters, given or default; one it does not take is refused by name."""
+        for name in PARAMETER_NAMES:
+            if name in attrs and not kind.takes(name):
+                raise serializers.ValidationError({name: f"{kind.refusal(name)}."})
+        params = kind.request_params(attrs, strict=False)  # refused above, by field
+        try:
+            kind.draft_config(params)
+        except ConfigError as exc:
+            raise serializers.ValidationError({"drafter": str(exc)}) from exc
+        return params
 
     @staticmethod
     def _active_target(name: str | None) -> ModelVersion:
@@ -59,8 +101,10 @@ class GenerationRequestSerializer(serializers.Serializer):
         return target
 
     def params(self) -> dict:
-        keys = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop", "draft_length")
-        return {key: self.validated_data[key] for key in keys if key in self.validated_data}
+        """What the session row stores: sampling settings plus every parameter of its drafter."""
+        keys = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+        params = {key: self.validated_data[key] for key in keys if key in self.validated_data}
+        return {**params, **self.validated_data["drafter_params"]}
 
 
 class GenerationAcceptedSerializer(serializers.Serializer):

@@ -26,12 +26,22 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from inference.demo import corpus
+from inference.demo.model_files import (
+    ModelShape,
+    causal_lm_config,
+    random_causal_lm,
+    save_model_dir,
+)
 from inference.demo.prompts import (
     heldout_prompts,
     load_heldout_prompts,
     write_heldout_prompts,
 )
-from inference.demo.tokenizer_builder import save_atomically, train_tokenizer
+from inference.demo.tokenizer_builder import (
+    save_atomically,
+    stdlib_tokenizer,
+    train_tokenizer,
+)
 from inference.demo.training import (
     OptimConfig,
     distil_draft,
@@ -42,12 +52,6 @@ from inference.demo.training import (
     train_language_model,
 )
 from inference.engine.loading import load_causal_lm
-from tests.tiny_models import (
-    ModelShape,
-    causal_lm_config,
-    random_causal_lm,
-    save_model_dir,
-)
 
 __all__ = [
     "DemoBuildConfig",
@@ -178,12 +182,17 @@ def _prepare_workdir(root: Path, config: DemoBuildConfig) -> Path:
     return work
 
 
-def _tokenizer(work: Path, config: DemoBuildConfig) -> PreTrainedTokenizerBase:
+def _tokenizer(work: Path, config: DemoBuildConfig, cache_dir: Path | None) -> PreTrainedTokenizerBase:
+    """Train the tokenizer, or take the one a build of the same vocabulary left in `cache_dir`."""
     directory = work / "tokenizer"
     if not (directory / "tokenizer.json").is_file():
-        texts = corpus.sample_texts(config.tokenizer_sample_chars)
-        tokenizer = train_tokenizer(texts, config.vocab_size,
-                                    model_max_length=config.context_length)
+        if cache_dir is None:
+            texts = corpus.sample_texts(config.tokenizer_sample_chars)
+            tokenizer = train_tokenizer(texts, config.vocab_size,
+                                        model_max_length=config.context_length)
+        else:
+            tokenizer = stdlib_tokenizer(config.vocab_size, config.tokenizer_sample_chars, cache_dir)
+            tokenizer.model_max_length = config.context_length
         save_atomically(tokenizer, directory)
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
@@ -262,7 +271,8 @@ def _evaluate(root: Path, config: DemoBuildConfig) -> dict[str, Any]:
     return metrics
 
 
-def _run_phases(root: Path, config: DemoBuildConfig, progress: bool) -> dict[str, Any]:
+def _run_phases(root: Path, config: DemoBuildConfig, progress: bool,
+                cache_dir: Path | None) -> dict[str, Any]:
     """Run (or skip, when already done) each phase in order; return the evaluation metrics."""
     work = _prepare_workdir(root, config)
     seconds: dict[str, float] = {}
@@ -273,7 +283,7 @@ def _run_phases(root: Path, config: DemoBuildConfig, progress: bool) -> dict[str
         bar.update(1)
 
     started = time.monotonic()
-    tokenizer = _tokenizer(work, config)
+    tokenizer = _tokenizer(work, config, cache_dir)
     stream = _data(work, config, tokenizer, progress)
     timed("tokenizer_and_data", started)
     started = time.monotonic()
@@ -308,8 +318,13 @@ def build_demo_models(
     out_dir: str | os.PathLike[str],
     config: DemoBuildConfig | None = None,
     progress: bool = True,
+    cache_dir: Path | None = None,
 ) -> DemoModels:
-    """Build (or resume, or reuse) the demo pair under `out_dir`; see the module docstring."""
+    """Build (or resume, or reuse) the demo pair under `out_dir`; see the module docstring.
+
+    `cache_dir` (the Django command passes SPECOPS_CACHE_DIR) keeps the trained tokenizer for the
+    next build of the same vocabulary; None trains it inside the build.
+    """
     config = config or DemoBuildConfig()
     root = Path(out_dir)
     if root.exists() and not root.is_dir():
@@ -322,7 +337,7 @@ def build_demo_models(
     threads = torch.get_num_threads()
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     try:
-        metrics = _run_phases(root, config, progress)
+        metrics = _run_phases(root, config, progress, cache_dir)
     finally:
         torch.set_num_threads(threads)
     metrics["build_seconds"] = round(time.monotonic() - started, 1)

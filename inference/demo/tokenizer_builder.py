@@ -65,12 +65,9 @@ def train_tokenizer(
     )
 
 
-def default_cache_dir() -> Path:
-    """Where trained tokenizers are kept between runs: $SPECOPS_CACHE_DIR or ~/.cache/specops."""
-    configured = os.environ.get("SPECOPS_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "specops"
+#: Where trained tokenizers are kept between runs unless the caller names another directory
+#: (the Django commands pass `inference.conf.conf.CACHE_DIR`, SPECOPS_CACHE_DIR).
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "specops"
 
 
 def _cache_key(vocab_size: int, sample_chars: int) -> str:
@@ -110,9 +107,10 @@ def stdlib_tokenizer(
     """Return a tokenizer trained on a small stdlib sample, trained once and then cached on disk.
 
     Tests build many tiny models; training takes about a second, loading the cached copy
-    milliseconds. The cache key covers everything the result depends on.
+    milliseconds. The cache key covers everything the result depends on. `cache_dir` defaults
+    to DEFAULT_CACHE_DIR; this module reads no environment.
     """
-    directory = (cache_dir or default_cache_dir()) / "tokenizers" / _cache_key(
+    directory = Path(cache_dir or DEFAULT_CACHE_DIR) / "tokenizers" / _cache_key(
         vocab_size, sample_chars
     )
     if not (directory / "tokenizer.json").is_file():

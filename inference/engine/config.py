@@ -25,7 +25,9 @@ class GenerationConfig:
     `max_new_tokens` is clamped to the room left in the target's context (the generation then
     ends with finish_reason "length"); a prompt with no room at all raises PromptTooLongError.
     A stop string ends generation after the token that completes it; that token is kept, as
-    Hugging Face `generate` does. An EOS token is kept too.
+    Hugging Face `generate` does. An EOS token is kept too. `eos_token_id=None` (the default)
+    means the model's own EOS, as `generate` does (the decoders call `resolve_eos`); `()` means
+    no EOS at all.
     """
 
     max_new_tokens: int = 64

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -25,7 +26,8 @@ from inference.engine.draft_tree import (
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.errors import ConfigError, PromptTooLongError
 from inference.engine.kv_cache import keep_accepted, new_cache
-from inference.engine.modeling import context_length, forward_logits
+from inference.engine.loading import LoadedModel, decode_of, unwrap_model
+from inference.engine.modeling import context_length, forward_logits, input_vocab_size
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.sampling import SamplingParams, warp_probs
 from inference.engine.stats import GenerationStats
@@ -46,13 +48,36 @@ def sampling_params(config: GenerationConfig) -> SamplingParams | None:
     return SamplingParams(config.temperature, config.top_k, config.top_p)
 
 
-def check_prompt(prompt_ids: list[int], model: PreTrainedModel, max_new_tokens: int) -> int:
-    """Refuse a prompt with no room left; return max_new_tokens clamped to the room there is."""
+def resolve_eos(config: GenerationConfig, model: LoadedModel | PreTrainedModel) -> GenerationConfig:
+    """Fill in the model's own EOS where `eos_token_id` is None, as HF `generate` does.
+
+    The model's generation_config.eos_token_id wins, else its config's; a model with neither gets
+    the explicit "no EOS", `()`. A config that already names its EOS (or `()`) is returned as is.
+    """
+    if config.eos_token_id is not None:
+        return config
+    model = unwrap_model(model)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config.get_text_config(decoder=True), "eos_token_id", None)
+    return replace(config, eos_token_id=() if eos is None else eos)
+
+
+def check_prompt(prompt_ids: list[int], model: PreTrainedModel, max_new_tokens: int,
+                 draft: PreTrainedModel | None = None) -> int:
+    """Refuse a prompt with no room left; return max_new_tokens clamped to the room there is.
+
+    Every prompt id must be one the target reads and, when there is a draft model, one the
+    draft reads too (a padded target vocabulary is wider than the draft's embedding).
+    """
     if not prompt_ids:
         raise ConfigError("prompt_ids: must hold at least one token")
-    vocab = model.get_input_embeddings().num_embeddings
+    vocab = input_vocab_size(model)
     if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
         raise ConfigError(f"prompt_ids: every token id must be in [0, {vocab})")
+    if draft is not None and max(prompt_ids) >= input_vocab_size(draft):
+        raise ConfigError(f"prompt_ids: every token id must be in [0, {input_vocab_size(draft)}), "
+                          "the ids the draft model reads")
     context = context_length(model)
     if len(prompt_ids) + 1 > context:
         raise PromptTooLongError(len(prompt_ids), context)
@@ -79,21 +104,23 @@ def branches_of(tree: DraftTree, accepted_nodes: list[int]) -> list[Branch]:
 class SpeculativeDecoder:
     """Generates from `target` with any drafter; greedy output equals the target's own greedy.
 
-    One generation at a time: the decoder and its drafter hold per-generation state (KV caches,
-    `stats`), so a worker process keeps one decoder per concurrent generation.
+    `target` is what `load_causal_lm` returns (its tokenizer's decode is then the default
+    `decode`, used for stop strings) or a bare PreTrainedModel. One generation at a time: the
+    decoder and its drafter hold per-generation state (KV caches, `stats`), so a worker process
+    keeps one decoder per concurrent generation.
     """
 
     def __init__(
         self,
-        target: PreTrainedModel,
+        target: LoadedModel | PreTrainedModel,
         drafter: Drafter,
         decode: Callable[[list[int]], str] | None = None,
     ) -> None:
-        self.target = target
+        self.target = unwrap_model(target)
         self.drafter = drafter
-        self.decode = decode
-        self.context_length = context_length(target)
-        self.device = target.device
+        self.decode = decode if decode is not None else decode_of(target)
+        self.context_length = context_length(self.target)
+        self.device = self.target.device
         self.stats = GenerationStats()
 
     def generate(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationResult:
@@ -108,10 +135,13 @@ class SpeculativeDecoder:
         """Yield one StepOutput per verification step until a stop condition ends the generation.
 
         The prompt and settings are checked here, before the first step is requested, so a
-        PromptTooLongError or ConfigError reaches the caller before any forward runs.
+        PromptTooLongError or ConfigError reaches the caller before any forward runs. An
+        `eos_token_id` of None stops at the target's own EOS (see resolve_eos).
         """
         prompt = list(prompt_ids)
-        max_new_tokens = check_prompt(prompt, self.target, config.max_new_tokens)
+        config = resolve_eos(config, self.target)
+        max_new_tokens = check_prompt(prompt, self.target, config.max_new_tokens,
+                                      draft=self.drafter.draft_model)
         stop = StopCondition(config, max_new_tokens, self.decode)
         return self._steps(prompt, config, max_new_tokens, stop)
 

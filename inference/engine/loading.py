@@ -8,6 +8,8 @@ standard library, a real Hugging Face checkpoint — goes through the same `Auto
 from __future__ import annotations
 
 import os
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,16 @@ class LoadedModel:
     def vocab_size(self) -> int:
         """Rows of the output layer: the width of the logits, which may exceed len(tokenizer)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def unwrap_model(model: LoadedModel | PreTrainedModel) -> PreTrainedModel:
+    """The bare model, so the engine takes a LoadedModel or (as before) a PreTrainedModel."""
+    return model.model if isinstance(model, LoadedModel) else model
+
+
+def decode_of(model: LoadedModel | PreTrainedModel) -> Callable[[list[int]], str] | None:
+    """The loaded tokenizer's decode, the default text function of a decoder; None for a bare model."""
+    return model.tokenizer.decode if isinstance(model, LoadedModel) else None
 
 
 def model_context_length(config: PretrainedConfig) -> int:
@@ -163,22 +175,59 @@ def _check_tokenizer_fits(loaded: LoadedModel) -> None:
         )
 
 
-def check_pair_compatible(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a draft whose tokens mean something else than the target's.
+# target tokenizer -> draft tokenizers already found compatible with it (the check reads both
+# vocabularies, ~150k entries for real models: once per pair, not once per drafter built)
+_compatible_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def check_tokenizers_compatible(
+    target: PreTrainedTokenizerBase,
+    target_path: Path,
+    draft: PreTrainedTokenizerBase,
+    draft_path: Path,
+) -> None:
+    """Refuse a draft whose tokens mean something else than the target's; name both directories.
 
     Speculation compares token ids, so both tokenizers must map every string to the same id;
-    the logits may still differ in width (padded vocabularies), which the verifier slices.
+    the logits may still differ in width (padded vocabularies), which the engine handles.
     """
-    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+    if target is draft or draft in _compatible_tokenizers.get(target, ()):
+        return
+    if target.get_vocab() != draft.get_vocab():
         raise ModelLoadError(
-            f"draft {draft.path} does not share the tokenizer of target {target.path} "
+            f"draft {draft_path} does not share the tokenizer of target {target_path} "
             "(their vocabularies differ)"
         )
-    if target.tokenizer.eos_token_id != draft.tokenizer.eos_token_id:
+    if target.eos_token_id != draft.eos_token_id:
         raise ModelLoadError(
-            f"draft {draft.path} and target {target.path} disagree on the EOS token "
-            f"({draft.tokenizer.eos_token_id} vs {target.tokenizer.eos_token_id})"
+            f"draft {draft_path} and target {target_path} disagree on the EOS token "
+            f"({draft.eos_token_id} vs {target.eos_token_id})"
         )
+    _compatible_tokenizers.setdefault(target, weakref.WeakSet()).add(draft)
+
+
+def check_pair_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a loaded draft that does not share the target's tokenizer and EOS."""
+    check_tokenizers_compatible(target.tokenizer, target.path, draft.tokenizer, draft.path)
+
+
+def check_pair_directories(
+    target_dir: str | os.PathLike[str],
+    draft_dir: str | os.PathLike[str],
+) -> None:
+    """The same check from the directories' tokenizers alone, without loading any weights."""
+    target_path, draft_path = Path(target_dir), Path(draft_dir)
+    check_tokenizers_compatible(load_tokenizer(target_path), target_path,
+                                load_tokenizer(draft_path), draft_path)
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """Load the tokenizer saved in a model directory; a ModelLoadError names the path."""
+    try:
+        return AutoTokenizer.from_pretrained(os.fspath(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ModelLoadError(f"cannot load the tokenizer in {path}: {first_line}") from error
 
 
 def load_model_pair(

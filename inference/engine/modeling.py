@@ -35,6 +35,11 @@ def context_length(model: PreTrainedModel) -> int:
         f"{type(model).__name__}: config names no context length ({', '.join(_CONTEXT_ATTRIBUTES)})")
 
 
+def input_vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the model's input embedding: every id it can read is below this."""
+    return int(model.get_input_embeddings().num_embeddings)
+
+
 def logits_width(model: PreTrainedModel) -> int:
     """Columns of the model's logits (the LM head may be padded past the tokenizer)."""
     head = model.get_output_embeddings()
@@ -166,3 +171,22 @@ def align_vocab(
         return logits[..., :width]
     pad = logits.new_full((*logits.shape[:-1], width - current), float("-inf"))
     return torch.cat((logits, pad), dim=-1)
+
+
+#: What a draft reads in place of an id it has no embedding for. Any valid id does: the draft's
+#: guesses after it may be worse, but every drafted token is verified by the target.
+SUBSTITUTE_TOKEN_ID = 0
+
+
+def draftable_ids(token_ids: list[int], draft_vocab: int,
+                  substitute: int = SUBSTITUTE_TOKEN_ID) -> list[int]:
+    """The ids a draft with `draft_vocab` embedding rows can read: any other id becomes `substitute`.
+
+    A target's vocabulary may be padded past the draft's (Qwen2.5-7B has 152,064 logits, 0.5B
+    151,936), so the target can emit an id the draft's embedding lacks; feeding it raises
+    IndexError. The substituted position is one the draft cannot predict from, which costs
+    acceptance, never exactness.
+    """
+    if not token_ids or (max(token_ids) < draft_vocab and min(token_ids) >= 0):
+        return token_ids
+    return [token if 0 <= token < draft_vocab else substitute for token in token_ids]

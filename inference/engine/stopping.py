@@ -1,6 +1,6 @@
 """Where a generation ends: max_new_tokens, EOS, stop strings (on decoded text).
 
-Shared by the speculative loop and the plain loop so both cut at the same token.
+Shared by the speculative loop and the target-only loop so both cut at the same token.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Target-only decoding, one token per forward: the reference the speculative loop must equal.
 
 Kept independent of the draft tree and verifier code on purpose, so tests that compare the two
-compare two implementations; the bench also times it as "our plain loop" baseline.
+compare two implementations; the bench also times it as its own target-only baseline.
 """
 
 from __future__ import annotations
@@ -13,8 +13,14 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import GenerationConfig
-from inference.engine.decoder import check_prompt, make_generator, sampling_params
+from inference.engine.decoder import (
+    check_prompt,
+    make_generator,
+    resolve_eos,
+    sampling_params,
+)
 from inference.engine.kv_cache import new_cache
+from inference.engine.loading import LoadedModel, decode_of, unwrap_model
 from inference.engine.modeling import forward_logits
 from inference.engine.outputs import GenerationResult
 from inference.engine.sampling import sample_token, warp_probs
@@ -24,12 +30,18 @@ from inference.engine.stopping import StopCondition
 
 @torch.inference_mode()
 def generate_plain(
-    model: PreTrainedModel,
+    model: LoadedModel | PreTrainedModel,
     prompt_ids: list[int],
     config: GenerationConfig,
     decode: Callable[[list[int]], str] | None = None,
 ) -> GenerationResult:
-    """Greedy (argmax) or sampled generation with the same stop rules as SpeculativeDecoder."""
+    """Greedy (argmax) or sampled generation with the same stop rules as SpeculativeDecoder.
+
+    Takes a LoadedModel (whose tokenizer then decodes by default) or a bare PreTrainedModel.
+    """
+    decode = decode if decode is not None else decode_of(model)
+    model = unwrap_model(model)
+    config = resolve_eos(config, model)
     prompt = list(prompt_ids)
     max_new_tokens = check_prompt(prompt, model, config.max_new_tokens)
     stop = StopCondition(config, max_new_tokens, decode)

@@ -2,7 +2,7 @@
 
 Models are built once per process (functools.cache), so hypothesis tests can use them without
 function-scoped fixtures. float64 by default: speculative verification scores several tokens
-in one forward and the plain loop one at a time, and in float32 a random model's near-tied
+in one forward and the target-only loop one at a time, and in float32 a random model's near-tied
 logits can flip an argmax between the two; float64 keeps the comparison about the algorithm.
 """
 

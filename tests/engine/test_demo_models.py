@@ -236,6 +236,18 @@ def test_build_is_deterministic_and_an_interrupted_build_resumes(
     assert resumed.heldout_prompts_path.read_text() == quick_build.heldout_prompts_path.read_text()
 
 
+def test_a_build_with_a_cache_dir_keeps_its_tokenizer_there_and_builds_the_same_pair(
+    tmp_path, quick_build
+):
+    cache = tmp_path / "cache"
+    cached = build_demo_models(tmp_path / "demo", config=QUICK, progress=False, cache_dir=cache)
+    assert len(list((cache / "tokenizers").glob(f"stdlib-bpe-{QUICK.vocab_size}-*/tokenizer.json"))) == 1
+    target, reference = load_causal_lm(cached.target_dir), load_causal_lm(quick_build.target_dir)
+    assert target.tokenizer.get_vocab() == reference.tokenizer.get_vocab()
+    assert target.tokenizer.model_max_length == QUICK.context_length
+    assert same_weights(cached.target_dir, quick_build.target_dir)
+
+
 def test_cli_builds_and_reports_errors_in_one_line(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "demo"), "--quick", "--no-progress"]) == 0
     assert "acceptance" in capsys.readouterr().out

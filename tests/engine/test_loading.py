@@ -10,10 +10,18 @@ from transformers import GPT2Config, LlamaConfig, PretrainedConfig
 
 from inference.demo.corpus import sample_texts
 from inference.demo.tokenizer_builder import train_tokenizer
+from inference.engine import (
+    GenerationConfig,
+    SpeculativeDecoder,
+    build_drafter,
+    generate_plain,
+    resolve_eos,
+)
 from inference.engine.errors import EngineError
 from inference.engine.loading import (
     LoadedModel,
     ModelLoadError,
+    check_pair_directories,
     describe_model,
     load_causal_lm,
     load_model_pair,
@@ -21,6 +29,7 @@ from inference.engine.loading import (
 )
 from tests.tiny_models import (
     TINY_DRAFT,
+    build_foreign_draft,
     build_tiny_pair,
     causal_lm_config,
     random_causal_lm,
@@ -28,16 +37,10 @@ from tests.tiny_models import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def tokenizer_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SPECOPS_CACHE_DIR", str(tmp_path_factory.mktemp("specops-cache")))
-        yield
-
-
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    return build_tiny_pair(tmp_path_factory.mktemp("models"), arch="qwen2", seed=0)
+    return build_tiny_pair(tmp_path_factory.mktemp("models"), arch="qwen2", seed=0,
+                           cache_dir=tmp_path_factory.mktemp("specops-cache"))
 
 
 def test_load_returns_an_eval_model_its_tokenizer_and_context(tiny_pair):
@@ -94,13 +97,49 @@ def test_a_file_or_a_directory_without_a_model_is_refused(tmp_path, tiny_pair):
 
 
 def test_pair_with_different_tokenizers_is_refused(tmp_path, tiny_pair):
-    other = train_tokenizer(sample_texts(20_000), vocab_size=300)
-    model = random_causal_lm(causal_lm_config("qwen2", TINY_DRAFT, other), seed=0)
-    save_model_dir(model, other, tmp_path / "foreign-draft", marker={"kind": "test"})
+    build_foreign_draft(tmp_path / "foreign-draft")
     with pytest.raises(ModelLoadError, match="does not share the tokenizer"):
         load_model_pair(tiny_pair[0], tmp_path / "foreign-draft")
     target, draft = load_model_pair(*tiny_pair)
     assert describe_model(draft)["parameters"] < describe_model(target)["parameters"]
+
+
+def _names_both(error: pytest.ExceptionInfo, target_dir, draft_dir) -> bool:
+    message = str(error.value)
+    return str(target_dir) in message and str(draft_dir) in message and "\n" not in message
+
+
+def test_a_drafter_built_from_loaded_models_checks_the_pair(tmp_path, tiny_pair):
+    """The worker builds drafters from loaded models: a foreign draft is refused there too."""
+    foreign_dir = build_foreign_draft(tmp_path / "foreign-draft")
+    target, foreign = load_causal_lm(tiny_pair[0]), load_causal_lm(foreign_dir)
+    for kind in ("draft_model", "tree"):
+        with pytest.raises(ModelLoadError, match="does not share the tokenizer") as raised:
+            build_drafter(kind, target=target, draft=foreign)
+        assert _names_both(raised, tiny_pair[0], foreign_dir)
+    assert build_drafter("ngram", target=target, draft=foreign).name == "ngram"  # no draft used
+    with pytest.raises(ModelLoadError) as raised:
+        check_pair_directories(tiny_pair[0], foreign_dir)  # registration: tokenizers only
+    assert _names_both(raised, tiny_pair[0], foreign_dir)
+    check_pair_directories(*tiny_pair)
+
+
+def test_a_loaded_pair_goes_straight_into_the_decoder(tiny_pair):
+    """No `.model` unwrapping: the decoder takes LoadedModels, decodes with their tokenizer and
+    stops at the target's own EOS unless told otherwise."""
+    target, draft = load_model_pair(*tiny_pair)
+    decoder = SpeculativeDecoder(target, build_drafter("draft_model", target, draft))
+    assert decoder.target is target.model and decoder.decode == target.tokenizer.decode
+    prompt = target.tokenizer("def main():\n    return 0\n")["input_ids"]
+    free = generate_plain(target, prompt, GenerationConfig(max_new_tokens=24, eos_token_id=()))
+    stop_text = target.tokenizer.decode(free.token_ids[:3])[-2:]
+    stopped = decoder.generate(prompt, GenerationConfig(max_new_tokens=24, stop_strings=(stop_text,)))
+    assert stopped.finish_reason == "stop" and stop_text in target.tokenizer.decode(stopped.token_ids)
+    eos = target.model.generation_config.eos_token_id
+    assert eos == target.tokenizer.eos_token_id
+    assert resolve_eos(GenerationConfig(), target).eos_token_ids == {eos}
+    assert resolve_eos(GenerationConfig(eos_token_id=()), target).eos_token_ids == frozenset()
+    assert resolve_eos(GenerationConfig(eos_token_id=7), target.model).eos_token_ids == {7}
 
 
 @pytest.mark.parametrize(

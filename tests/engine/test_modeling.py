@@ -1,4 +1,4 @@
-"""The lean Llama/Qwen2 forward gives the wrapped forward's logits; the plain loop equals HF greedy."""
+"""The lean Llama/Qwen2 forward gives the wrapped forward's logits; the target-only loop equals HF greedy."""
 
 from __future__ import annotations
 

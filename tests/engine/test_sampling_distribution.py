@@ -47,9 +47,10 @@ def _exact_joint(model, params: SamplingParams) -> np.ndarray:
 def _counts(decoder: SpeculativeDecoder, generation: dict) -> np.ndarray:
     counts = np.zeros(VOCAB * VOCAB)
     for seed in range(RUNS):
-        # three new tokens let the first step draft two positions (max_new - 1)
+        # three new tokens let the first step draft two positions (max_new - 1); no EOS, so
+        # the joint counts cover every pair, the model's EOS id (1) included
         tokens = decoder.generate(PROMPT, GenerationConfig(max_new_tokens=3, seed=seed,
-                                                           **generation)).token_ids
+                                                           eos_token_id=(), **generation)).token_ids
         counts[tokens[0] * VOCAB + tokens[1]] += 1
     return counts
 

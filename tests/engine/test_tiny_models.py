@@ -21,13 +21,10 @@ from tests.tiny_models import ARCHITECTURES, MARKER_FILE, build_tiny_pair
 ODD_TEXT = "def f(x):\n\treturn x  # naïve, 日本語, emoji 🐍\r\n    \n\x00end"
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(scope="module")
 def tokenizer_cache(tmp_path_factory):
-    """Keep the tokenizer cache of these tests out of the user's home directory."""
-    with pytest.MonkeyPatch.context() as patch:
-        directory = tmp_path_factory.mktemp("specops-cache")
-        patch.setenv("SPECOPS_CACHE_DIR", str(directory))
-        yield directory
+    """A tokenizer cache of these tests' own, out of the user's home directory."""
+    return tmp_path_factory.mktemp("specops-cache")
 
 
 @pytest.fixture(scope="module")
@@ -70,19 +67,22 @@ def test_tokenizer_refuses_a_vocabulary_too_small_for_the_bytes():
         train_tokenizer(["x"], vocab_size=100)
 
 
-def test_stdlib_tokenizer_is_cached_on_disk(tokenizer_cache):
-    first = stdlib_tokenizer(vocab_size=300, sample_chars=20_000)
+def test_stdlib_tokenizer_is_cached_on_disk(tokenizer_cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECOPS_CACHE_DIR", str(tmp_path))  # the caller names the cache; no env
+    first = stdlib_tokenizer(vocab_size=300, sample_chars=20_000, cache_dir=tokenizer_cache)
     saved = list((tokenizer_cache / "tokenizers").glob("stdlib-bpe-300-*/tokenizer.json"))
     assert len(saved) == 1
+    assert not any(tmp_path.iterdir())
     mtime = saved[0].stat().st_mtime_ns
-    second = stdlib_tokenizer(vocab_size=300, sample_chars=20_000)
+    second = stdlib_tokenizer(vocab_size=300, sample_chars=20_000, cache_dir=tokenizer_cache)
     assert second.get_vocab() == first.get_vocab()
     assert saved[0].stat().st_mtime_ns == mtime
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_tiny_pair_loads_through_auto_classes_and_shares_a_tokenizer(tmp_path, arch):
-    target_dir, draft_dir = build_tiny_pair(tmp_path, arch=arch, seed=0)
+def test_tiny_pair_loads_through_auto_classes_and_shares_a_tokenizer(tmp_path, arch,
+                                                                     tokenizer_cache):
+    target_dir, draft_dir = build_tiny_pair(tmp_path, arch=arch, seed=0, cache_dir=tokenizer_cache)
     target, draft = load_model_pair(target_dir, draft_dir)
     assert target.model.config.model_type == arch == draft.model.config.model_type
     assert target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()

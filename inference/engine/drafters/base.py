@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
 from inference.engine.draft_tree import DraftTree
@@ -33,7 +34,7 @@ class Drafter(ABC):
     diverges from what it drafted, it resynchronises its own state (e.g. a draft KV cache).
     """
 
-    #: registry name, as accepted by build_drafter
+    #: the kind's name in the drafter registry (drafters/registry.py sets it; no second list)
     name: str = ""
 
     def __init__(self, config: DraftConfig) -> None:
@@ -43,6 +44,11 @@ class Drafter(ABC):
     @abstractmethod
     def nominal_depth(self) -> int:
         """The draft depth to start with (the adaptive schedule moves from here)."""
+
+    @property
+    def draft_model(self) -> PreTrainedModel | None:
+        """The model this drafter feeds, if any: prompt ids must fit its embedding too."""
+        return None
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Reset per-generation state before a new prompt."""
@@ -54,8 +60,6 @@ class Drafter(ABC):
 
 class NoDrafter(Drafter):
     """Target only: the same loop with empty drafts, one token per step."""
-
-    name = "none"
 
     @property
     def nominal_depth(self) -> int:

@@ -4,6 +4,10 @@ The draft keeps its own KV cache across steps. After verification the decoder's 
 old context plus the accepted drafts plus one target token, so the cache is cropped back to the
 longest prefix it shares with the new context and only the missing tokens (usually one or two)
 are fed: the prefix is never re-encoded.
+
+The draft is never fed an id its embedding lacks (a target vocabulary padded past the draft's):
+such an id is read as `SUBSTITUTE_TOKEN_ID` (see `draftable_ids`), while the cache bookkeeping
+keeps the real context, so the target's verification keeps the output exact.
 """
 
 from __future__ import annotations
@@ -17,7 +21,13 @@ from inference.engine.config import DraftConfig
 from inference.engine.draft_tree import DraftTree
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.kv_cache import new_cache, truncate_cache
-from inference.engine.modeling import align_vocab, context_length, forward_logits
+from inference.engine.modeling import (
+    align_vocab,
+    context_length,
+    draftable_ids,
+    forward_logits,
+    input_vocab_size,
+)
 from inference.engine.sampling import warp_probs
 
 
@@ -27,6 +37,7 @@ class DraftModelRunner:
     def __init__(self, model: PreTrainedModel, vocab_width: int) -> None:
         self.model = model
         self.vocab_width = vocab_width
+        self.input_vocab = input_vocab_size(model)
         self.context_length = context_length(model)
         self.cache = new_cache(model)
         # the linear token sequence whose keys/values are in the cache (tree nodes excluded)
@@ -51,14 +62,14 @@ class DraftModelRunner:
         """Bring the cache to exactly `context`; return the logits after its last token, [vocab]."""
         common = min(self._common_prefix(context), len(context) - 1)
         truncate_cache(self.cache, common)
-        logits = forward_logits(self.model, context[common:], self.cache, keep=1)
+        logits = self._forward(context[common:], keep=1)
         self.cached_ids = list(context)
         self._known_prefix = len(context)
         return align_vocab(logits, self.vocab_width)[0]
 
     def append(self, token: int) -> torch.Tensor:
         """Feed one more token of the linear sequence; return the logits after it, [vocab]."""
-        logits = forward_logits(self.model, [token], self.cache, keep=1)
+        logits = self._forward([token], keep=1)
         self.cached_ids.append(token)
         return align_vocab(logits, self.vocab_width)[0]
 
@@ -71,9 +82,18 @@ class DraftModelRunner:
         position_ids: torch.Tensor,
     ) -> torch.Tensor:
         """Feed tree nodes (not part of the linear sequence); return their logits, [nodes, vocab]."""
-        logits = forward_logits(self.model, token_ids, self.cache, keep=len(token_ids),
-                                attention_mask=attention_mask, position_ids=position_ids)
+        logits = self._forward(token_ids, keep=len(token_ids), attention_mask=attention_mask,
+                               position_ids=position_ids)
         return align_vocab(logits, self.vocab_width)
+
+    def _forward(self, token_ids: list[int], keep: int,
+                 # [1, 1, new_tokens, cached + new_tokens] or None
+                 attention_mask: torch.Tensor | None = None,
+                 # [1, new_tokens] or None
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The draft's forward over ids it can read; [keep, draft_vocab]."""
+        return forward_logits(self.model, draftable_ids(token_ids, self.input_vocab), self.cache,
+                              keep=keep, attention_mask=attention_mask, position_ids=position_ids)
 
     def truncate(self, length: int) -> None:
         """Drop cached tokens from `length` on (tree nodes, rejected drafts)."""
@@ -85,21 +105,30 @@ class DraftModelRunner:
         return self.context_length - len(context) + 1
 
 
-class DraftModelDrafter(Drafter):
-    """Chain drafting with a small LM: greedy under greedy decoding, sampled from q otherwise."""
+class ModelBackedDrafter(Drafter):
+    """A drafter that runs a draft model: it owns a DraftModelRunner, reset for every prompt.
 
-    name = "draft_model"
+    Constructed as `cls(draft, vocab_width, config)`, vocab_width being the target's logits width.
+    """
 
     def __init__(self, draft: PreTrainedModel, vocab_width: int, config: DraftConfig) -> None:
         super().__init__(config)
         self.runner = DraftModelRunner(draft, vocab_width)
 
     @property
-    def nominal_depth(self) -> int:
-        return self.config.length
+    def draft_model(self) -> PreTrainedModel:
+        return self.runner.model
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.runner.reset()
+
+
+class DraftModelDrafter(ModelBackedDrafter):
+    """Chain drafting with a small LM: greedy under greedy decoding, sampled from q otherwise."""
+
+    @property
+    def nominal_depth(self) -> int:
+        return self.config.length
 
     @torch.inference_mode()
     def propose(self, context: list[int], request: DraftRequest) -> DraftTree:

@@ -16,8 +16,6 @@ from inference.engine.drafters.base import Drafter, DraftRequest
 class NgramDrafter(Drafter):
     """Prompt-lookup drafting over the prompt and everything generated so far."""
 
-    name = "ngram"
-
     def __init__(self, config: DraftConfig) -> None:
         super().__init__(config)
         self.sizes = range(config.ngram_size, config.ngram_min_size - 1, -1)

@@ -24,9 +24,9 @@ from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
 from inference.engine.draft_tree import DraftTree
-from inference.engine.drafters.base import Drafter, DraftRequest
+from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.calibration import AcceptanceCalibration
-from inference.engine.drafters.draft_model import DraftModelRunner
+from inference.engine.drafters.draft_model import ModelBackedDrafter
 from inference.engine.sampling import sample_without_replacement, warp_probs
 
 
@@ -98,14 +98,11 @@ class _Expansions:
     candidates: dict[int, tuple[list[int], list[float]]]
 
 
-class TreeDrafter(Drafter):
+class TreeDrafter(ModelBackedDrafter):
     """Multi-branch drafting with a small LM and a node budget."""
 
-    name = "tree"
-
     def __init__(self, draft: PreTrainedModel, vocab_width: int, config: DraftConfig) -> None:
-        super().__init__(config)
-        self.runner = DraftModelRunner(draft, vocab_width)
+        super().__init__(draft, vocab_width, config)
         self.dtype = draft.dtype
         self.device = draft.device
         # kept across generations: it describes the model pair, not one prompt
@@ -117,7 +114,7 @@ class TreeDrafter(Drafter):
         return self.config.tree_depth
 
     def begin(self, prompt_ids: list[int]) -> None:
-        self.runner.reset()
+        super().begin(prompt_ids)
         self._last = None
 
     @torch.inference_mode()
@@ -172,7 +169,7 @@ class TreeDrafter(Drafter):
         root_values = self.calibration.log_value(best.values[None])[0].tolist()
         for token, prob, log_value in zip(tokens, probs, root_values):
             tree.add(token, -1, _log(prob), log_value)
-        frontier = range(0, len(tree.tokens))
+        frontier = range(len(tree.tokens))
         for _ in range(1, depth):
             # [frontier, width]
             best = self._expand(tree, frontier, context_length).softmax(dim=-1).topk(width)
@@ -216,7 +213,7 @@ class TreeDrafter(Drafter):
         for token in roots:
             log_q = float(q[token].log())
             tree.add(token, -1, log_q, log_q, q)
-        frontier = range(0, len(tree.tokens))
+        frontier = range(len(tree.tokens))
         for _ in range(1, depth):
             room = budget - len(tree.tokens)
             if room <= 0:

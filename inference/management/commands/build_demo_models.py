@@ -18,7 +18,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, seed: int, device: str, no_register: bool, **options) -> None:
         try:
-            built = build_demo_models(conf.MODEL_DIR, config=DemoBuildConfig(seed=seed), progress=True)
+            built = build_demo_models(conf.MODEL_DIR, config=DemoBuildConfig(seed=seed), progress=True,
+                                      cache_dir=conf.CACHE_DIR)
             if not no_register:
                 target = register_pair(DEMO_NAME, f"seed{seed}", built.target_dir, built.draft_dir, device=device)
                 self.stdout.write(f"registered {target} with draft {target.default_draft}")
