@@ -8,6 +8,12 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 HOST=${SPECOPS_HOST:-127.0.0.1}
 PORT=${SPECOPS_PORT:-8000}
 mkdir -p var/log
+# DEBUG stays off unless you set it. The SECRET_KEY is made once, into var/secret_key, which
+# settings read whenever SECRET_KEY is not set (manage.py commands of this checkout included).
+if [[ -z ${SECRET_KEY:-} && ! -s var/secret_key ]]; then
+  (umask 077 && $PY -c "import secrets; print(secrets.token_urlsafe(50))" >var/secret_key)
+  echo "created var/secret_key (the SECRET_KEY of this checkout; keep it private)"
+fi
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/prometheus}
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
@@ -34,14 +40,16 @@ start() {  # start NAME CMD...: run in the background, log to var/log/NAME.log
   echo "started $name (pid $!, log var/log/$name.log)"
 }
 
-start web .venv/bin/gunicorn specops.wsgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
-  --workers "${WEB_WORKERS:-2}" --threads "${WEB_THREADS:-4}" --worker-class gthread --timeout 120
+# ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
+start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
+  --workers "${WEB_WORKERS:-2}"
 gpus=$($PY -c "from specops.celery import visible_gpu_count; print(visible_gpu_count())")
-SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu -n cpu@%h \
-  --pool prefork --concurrency 1 -l INFO
+# One process per device, one batching loop in it: each thread of the pool hands it a session.
+SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu --pool threads \
+  --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n cpu@%h -l INFO
 for ((i = 0; i < gpus; i++)); do
-  SPECOPS_WORKER_DEVICE=cuda:$i start "worker-gpu$i" .venv/bin/celery -A specops \
-    worker -Q "gpu.$i" -n "gpu$i@%h" --pool prefork --concurrency 1 -l INFO
+  SPECOPS_WORKER_DEVICE=cuda:$i start "worker-gpu$i" .venv/bin/celery -A specops worker -Q "gpu.$i" --pool threads \
+    --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n "gpu$i@%h" -l INFO
 done
 start worker-maintenance .venv/bin/celery -A specops worker -Q maintenance -n maintenance@%h --concurrency 1 -l INFO
 start beat .venv/bin/celery -A specops beat -l INFO --scheduler django_celery_beat.schedulers:DatabaseScheduler \

@@ -1,3 +1,8 @@
+"""The ASGI application: what gunicorn's uvicorn workers (scripts/run.sh) and uvicorn serve.
+
+Async views (the SSE streams, the OpenAI protocol) run on the event loop; sync views run in
+Django's thread pool.
+"""
 import os
 
 from django.core.asgi import get_asgi_application

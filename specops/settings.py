@@ -2,10 +2,15 @@
 
 Misconfiguration that Django can still boot with (a replica URL that does not parse, say) is
 collected in ``CONFIG_ERRORS`` and reported by the system checks in ``specops.checks``; a missing
-SECRET_KEY with DEBUG off is refused at once.
+SECRET_KEY with DEBUG off is refused at once, and so is a throttle rate that does not parse.
+
+DEBUG is off unless the environment turns it on: a traceback page shows database hosts and
+broker URLs. ``scripts/run.sh`` generates a SECRET_KEY once into ``var/secret_key``, which every
+command on this checkout then reads (``SECRET_KEY_FILE``) unless ``SECRET_KEY`` is set.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import environ
@@ -21,10 +26,19 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 INSECURE_SECRET_KEY = "insecure-dev-key-change-me"
 
 env = environ.Env()
-DEBUG = env.bool("DEBUG", default=True)
-SECRET_KEY = env.str("SECRET_KEY", default=INSECURE_SECRET_KEY)
+DEBUG = env.bool("DEBUG", default=False)
+# Without SECRET_KEY in the environment, the key `make run` generated for this checkout (empty
+# SECRET_KEY_FILE: no file); production sets SECRET_KEY itself.
+SECRET_KEY_FILE = env.str("SECRET_KEY_FILE", default=str(BASE_DIR / "var" / "secret_key"))
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY and SECRET_KEY_FILE and Path(SECRET_KEY_FILE).is_file():
+    SECRET_KEY = Path(SECRET_KEY_FILE).read_text().strip()
+SECRET_KEY = SECRET_KEY or INSECURE_SECRET_KEY
 if not DEBUG and SECRET_KEY == INSECURE_SECRET_KEY:
-    raise ImproperlyConfigured("SECRET_KEY must be set to a secret value when DEBUG is off.")
+    raise ImproperlyConfigured("SECRET_KEY must be set to a secret value when DEBUG is off "
+                               "(or run `make run` once: it writes var/secret_key).")
+# A larger body is a JSON 413 that names this limit (specops.middleware.BodySizeLimitMiddleware).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
 CONFIG_ERRORS: list[tuple[str, str, str]] = []  # (check id, message, hint) for specops.checks
@@ -34,6 +48,8 @@ DATABASES, DATABASE_REPLICAS = database_settings(
     replica_urls=env.str("DATABASE_REPLICA_URLS", default="postgres://postgres@127.0.0.1:5433/specops"),
     pool_max_size=env.int("DATABASE_POOL_MAX_SIZE", default=8),
     errors=CONFIG_ERRORS,
+    # Maintenance that needs a session (advisory locks, CONCURRENTLY) when DATABASE_URL is PgBouncer.
+    direct_url=env.str("DATABASE_DIRECT_URL", default=""),
 )
 DATABASE_ROUTERS = ["metadata.replicas.router.ReplicaRouter"]
 
@@ -54,6 +70,11 @@ CACHES = {
 
 # App settings: each declared once, with its default, in its app's conf.py (README lists them).
 read_declared(env, globals(), (*METADATA_SETTINGS, *INFERENCE_SETTINGS, *PROJECT_SETTINGS))
+THROTTLE_RATE_PATTERN = r"(?i)none|[0-9]+/(s|sec|second|m|min|minute|h|hour|d|day)"
+for _name in ("SPECOPS_THROTTLE_USER_RATE", "SPECOPS_THROTTLE_TENANT_RATE", "SPECOPS_THROTTLE_GENERATION_RATE"):
+    if not re.fullmatch(THROTTLE_RATE_PATTERN, globals()[_name].strip()):
+        raise ImproperlyConfigured(f"{_name}={globals()[_name]!r}: expected <count>/<s|min|hour|day> "
+                                   "(e.g. 600/min), or none.")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -74,6 +95,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    # First after the metrics: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a JSON 413 before any work.
+    "specops.middleware.BodySizeLimitMiddleware",
+    # Every statement of the request ends with /* specops:view=<url name> */ (pg_stat_statements).
+    "metadata.insights.tagging.SqlTagMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -126,6 +151,17 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "specops.api_errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
+    # JSON that nests too deeply is a 400 naming the body, not a RecursionError 500.
+    "DEFAULT_PARSER_CLASSES": [
+        "specops.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    # Per token and per tenant, counted in Redis (the "default" cache); rates: SPECOPS_THROTTLE_*.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "specops.throttles.UserRateThrottle",
+        "specops.throttles.TenantRateThrottle",
+    ],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "SpecOps API",
@@ -157,8 +193,8 @@ LOGGING = {
 # The read-path caches' own django-redis alias: same Redis as "default", but a connection that
 # fails at once instead of redis-py's default 10 retries with backoff (3.5 s a call while Redis is
 # down); the caches then read from the database until Redis answers again.
-from redis.backoff import NoBackoff  # noqa: E402
-from redis.retry import Retry  # noqa: E402
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 CACHES["read_path"] = {
     **CACHES["default"],

@@ -4,11 +4,18 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from specops.ops.views import dashboard
 
+# Errors are JSON in the called API's shape, never a traceback or an HTML page (specops.error_views).
+handler400 = "specops.error_views.bad_request"
+handler403 = "specops.error_views.permission_denied"
+handler404 = "specops.error_views.page_not_found"
+handler500 = "specops.error_views.server_error"
+
 urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard), name="specops-dashboard"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("metadata.api.urls")),
+    path("v1/", include("inference.api.openai.urls")),  # the OpenAI-compatible protocol
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("django_prometheus.urls")),

@@ -18,10 +18,18 @@ from inference.api.serializers import (
 from inference.models import ModelVersion
 from inference.submission import submit_generation
 from metadata.api.tenancy import tenant_of
+from specops.throttles import GenerationRateThrottle
 
 
 class GenerationViewSet(viewsets.GenericViewSet):
     serializer_class = GenerationRequestSerializer
+
+    def get_throttles(self):
+        """A generation costs a model run: creating one also counts against the generation rate."""
+        throttles = super().get_throttles()
+        if self.action == "create":
+            throttles.append(GenerationRateThrottle())
+        return throttles
 
     @extend_schema(responses={202: GenerationAcceptedSerializer, 200: GenerationAcceptedSerializer})
     def create(self, request):

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 
-from django.http import StreamingHttpResponse
-from drf_spectacular.types import OpenApiTypes
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
 from drf_spectacular.utils import extend_schema
+from redis.exceptions import RedisError
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -23,7 +27,13 @@ from metadata.api.serializers import (
 from metadata.api.tenancy import tenant_of
 from metadata.models import Candidate, Session, TokenRecord
 from metadata.sessions import token_stream
-from metadata.sessions.state import get_session_detail
+from metadata.sessions.state import get_session_detail, get_session_state
+from specops.async_views import Refused, authorize, run_db
+from specops.conf import conf as project_conf
+from specops.error_views import error_response
+from specops.sse import HEARTBEAT, sse_message, sse_response
+
+logger = logging.getLogger(__name__)
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -64,17 +74,46 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         """Every drafted branch, best draft score first (keyset pagination)."""
         return self._history(Candidate, CandidateSerializer, CandidatePagination)
 
-    @extend_schema(responses={(200, "text/event-stream"): OpenApiTypes.STR})
-    @action(detail=True)
-    def stream(self, request, pk=None):
-        """Server-sent events: ``tokens`` per verification step, then ``done``."""
-        session = self.get_object()
 
-        def events():
-            for event, data in token_stream.follow(session.pk):
-                yield f"event: {event}\ndata: {json.dumps(data)}\n\n"
+@require_GET
+async def session_stream(request: HttpRequest, pk) -> HttpResponse:
+    """Server-sent events of one session: ``tokens`` per verification step, then ``done``.
 
-        response = StreamingHttpResponse(events(), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+    An async view (a stream holds no thread). Each event's ``id`` is its Redis entry id; a client
+    that reconnects with ``Last-Event-ID`` resumes after it. A comment (``: heartbeat``) comes
+    after every ``SPECOPS_STREAM_HEARTBEAT_S`` without an event. The last event is ``done``
+    (``{"status": succeeded|failed|cancelled, "finish_reason", "error"}``, also when the session
+    ended without its worker saying so) or ``timeout`` after ``SPECOPS_STREAM_IDLE_LIMIT_S``
+    without an event.
+    """
+    after = request.headers.get("Last-Event-ID", "").strip() or "0-0"
+    if not token_stream.is_entry_id(after):
+        return error_response(request, 400, "Last-Event-ID: not an event id of this stream (expected <ms>-<seq>).")
+    try:
+        caller = await run_db(authorize, request, allow_session=True)
+    except Refused as exc:
+        return error_response(request, exc.status, exc.message, code=exc.code, headers=exc.headers)
+    state = await run_db(get_session_state, pk)
+    if state is None or state["tenant_id"] != caller.tenant.pk:
+        return error_response(request, 404, "Not found.")  # another tenant's session is as absent as a missing one
+    return sse_response(_session_events(pk, after))
+
+
+async def _session_events(pk, after: str) -> AsyncIterator[str]:
+    idle_limit = project_conf.STREAM_IDLE_LIMIT_S
+    items = token_stream.afollow(pk, after, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit,
+                                 ended=lambda: run_db(token_stream.ended_event, pk))
+    try:
+        async with aclosing(items):
+            async for item in items:
+                if item == token_stream.HEARTBEAT:
+                    yield HEARTBEAT
+                elif item == token_stream.IDLE_LIMIT:
+                    detail = f"no event for {idle_limit:g} s; reconnect with Last-Event-ID to go on waiting."
+                    yield sse_message(json.dumps({"detail": detail, "idle_s": idle_limit}), event="timeout")
+                else:
+                    yield sse_message(json.dumps(item.data), event=item.event, event_id=item.id or None)
+    except RedisError as exc:  # the stream ends with an event that says why, never silently
+        logger.warning("stream of session %s: %s", pk, exc)
+        detail = "the token stream is unavailable; reconnect with Last-Event-ID to resume."
+        yield sse_message(json.dumps({"detail": detail}), event="error")

@@ -1,0 +1,290 @@
+"""The OpenAI-compatible endpoints: ``GET /v1/models``, ``POST /v1/completions``, ``/v1/chat/completions``.
+
+Plain async views (a streaming reply holds no thread; a non-streaming one waits on the session's
+Redis stream, not on a thread or a database poll). A request is a generation like any other:
+the same tokens (``Authorization: Bearer <DRF token>``), tenant, throttles, validation
+(``GenerationRequestSerializer``), prediction cache and session row as ``POST /api/v1/generations/``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from functools import wraps
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
+
+from inference import prediction_cache
+from inference.api.openai.chat_template import render_chat
+from inference.api.openai.completion_text import CompletionText
+from inference.api.openai.errors import OpenAIError, bad_param
+from inference.api.openai.responses import (
+    ReplyHeader,
+    chunk,
+    openai_finish_reason,
+    reply,
+    usage_chunk,
+)
+from inference.api.openai.serializers import (
+    CHAT,
+    COMPLETION,
+    OpenAIRequest,
+    generation_error,
+    parse_request,
+)
+from inference.api.serializers import GenerationRequestSerializer
+from inference.api.tokenizers import tokenizer_for
+from inference.conf import conf
+from inference.models import ModelRole, ModelVersion, VersionStatus
+from inference.submission import QueueUnavailable, submit_generation
+from metadata.models import SessionStatus
+from metadata.sessions import token_stream
+from specops.async_views import Caller, Refused, authorize, run_db
+from specops.conf import conf as project_conf
+from specops.parsers import BodyNotJSON, loads_json
+from specops.sse import HEARTBEAT, sse_response
+
+DONE = "data: [DONE]\n\n"
+
+
+def openai_endpoint(*methods: str) -> Callable:
+    """Allow ``methods`` only, and render any ``OpenAIError`` raised by the view."""
+    def decorate(view):
+        @csrf_exempt  # bearer tokens only; no cookie session reaches these views
+        @wraps(view)
+        async def endpoint(request: HttpRequest, *args, **kwargs):
+            try:
+                if request.method not in methods:
+                    raise OpenAIError(405, f"{request.method} is not allowed here; use {' or '.join(methods)}.",
+                                      code="method_not_allowed", headers={"Allow": ", ".join(methods)})
+                return await view(request, *args, **kwargs)
+            except OpenAIError as exc:
+                return exc.response()
+        return endpoint
+    return decorate
+
+
+async def _caller(request: HttpRequest, generation: bool = False) -> Caller:
+    try:
+        return await run_db(authorize, request, keywords=("Bearer", "Token"), generation=generation)
+    except Refused as exc:
+        raise OpenAIError(exc.status, exc.message, code=exc.code, headers=exc.headers) from None
+
+
+def _active_targets(name: str | None = None) -> list[ModelVersion]:
+    targets = ModelVersion.objects.filter(role=ModelRole.TARGET, status=VersionStatus.ACTIVE)
+    if name is not None:
+        targets = targets.filter(name=name)
+    return list(targets.order_by("name", "-promoted_at"))
+
+
+def _model_object(target: ModelVersion) -> dict:
+    created = target.promoted_at or target.created_at
+    return {"id": target.name, "object": "model", "created": int(created.timestamp()), "owned_by": "specops"}
+
+
+def _model_not_found(name: str) -> OpenAIError:
+    return OpenAIError(404, f"The model '{name}' does not exist or is not active (GET /v1/models lists them).",
+                       param="model", code="model_not_found")
+
+
+@openai_endpoint("GET")
+async def list_models(request: HttpRequest) -> JsonResponse:
+    """The active target models, by name."""
+    await _caller(request)
+    targets = await run_db(_active_targets)
+    return JsonResponse({"object": "list", "data": [_model_object(t) for t in targets]})
+
+
+@openai_endpoint("GET")
+async def retrieve_model(request: HttpRequest, model: str) -> JsonResponse:
+    await _caller(request)
+    targets = await run_db(_active_targets, model)
+    if not targets:
+        raise _model_not_found(model)
+    return JsonResponse(_model_object(targets[0]))
+
+
+@openai_endpoint("POST")
+async def completions(request: HttpRequest):
+    return await _generate(request, COMPLETION)
+
+
+@openai_endpoint("POST")
+async def chat_completions(request: HttpRequest):
+    return await _generate(request, CHAT)
+
+
+@dataclass(frozen=True)
+class Submission:
+    session_id: str
+    prompt_tokens: int
+    directory: str
+    cached: dict | None  # a prediction-cache hit: {"text", "token_count", "finish_reason"}
+
+    def decoder(self) -> Callable[[list[int]], str]:
+        tokenizer = tokenizer_for(self.directory)
+        return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def encoder(self) -> Callable[[str], list[int]]:
+        tokenizer = tokenizer_for(self.directory)
+        return lambda text: tokenizer(text)["input_ids"]
+
+
+def _submit(request: OpenAIRequest, caller: Caller) -> Submission:
+    """Validate against the model, then answer from the prediction cache or enqueue (sync)."""
+    targets = _active_targets(request.model)
+    if not targets:
+        raise _model_not_found(request.model)
+    directory = str(targets[0].directory)
+    prompt = request.prompt if request.kind == COMPLETION else render_chat(tokenizer_for(directory), request.messages)
+    serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
+    if not serializer.is_valid():
+        raise generation_error(serializer.errors, request)
+    validated = serializer.validated_data
+    session = prediction_cache.serve_from_cache(validated, serializer.params(), caller.tenant, caller.user)
+    cached = None
+    if session is not None:
+        cached = {"text": session.text, "token_count": session.token_count, "finish_reason": session.finish_reason}
+    else:
+        try:
+            session = submit_generation(serializer, tenant=caller.tenant, user=caller.user)
+        except QueueUnavailable as exc:
+            raise OpenAIError(503, str(exc.detail), code="queue_unavailable", headers={"Retry-After": "5"}) from None
+    return Submission(str(session.pk), validated["prompt_tokens"], directory, cached)
+
+
+async def _generate(request: HttpRequest, kind: str):
+    caller = await _caller(request, generation=True)
+    try:
+        body = loads_json(request.body)
+    except BodyNotJSON as exc:
+        raise bad_param(None, str(exc), code="invalid_body") from None
+    openai_request = parse_request(body, kind)
+    submission = await run_db(_submit, openai_request, caller)
+    header = ReplyHeader(kind, submission.session_id, openai_request.model, int(time.time()))
+    headers = {"X-SpecOps-Session": submission.session_id}
+    if openai_request.stream:
+        return sse_response(_stream(header, openai_request, submission), headers)
+    response = JsonResponse(await _wait(header, openai_request, submission))
+    response["X-SpecOps-Session"] = submission.session_id
+    return response
+
+
+def _follow(submission: Submission, idle_limit_s: float) -> AsyncIterator[token_stream.StreamEntry | str]:
+    return token_stream.afollow(
+        submission.session_id, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit_s,
+        ended=lambda: run_db(token_stream.ended_event, submission.session_id))
+
+
+def _failure(done: dict, session_id: str) -> OpenAIError | None:
+    """The error of a session that did not succeed, else None."""
+    if done["status"] == SessionStatus.SUCCEEDED:
+        return None
+    if done["status"] == SessionStatus.CANCELLED:
+        return OpenAIError(409, f"the generation (session {session_id}) was cancelled.", code="generation_cancelled")
+    return OpenAIError(500, f"the generation (session {session_id}) failed: {done.get('error') or 'unknown error'}",
+                       code="generation_failed")
+
+
+class _Progress:
+    """The text and token count of one reply as its session's events arrive."""
+
+    def __init__(self, request: OpenAIRequest, submission: Submission) -> None:
+        self.text = CompletionText(submission.decoder(), request.stop)
+        self.encode = submission.encoder()
+        self.completion_tokens = 0
+        self.done: dict | None = None
+        if submission.cached is not None:  # answered from the prediction cache: already done
+            self.add([], submission.cached["text"])
+            self.completion_tokens = submission.cached["token_count"]
+            self.done = {"status": SessionStatus.SUCCEEDED, "finish_reason": submission.cached["finish_reason"]}
+
+    def add(self, token_ids: list[int], text: str) -> None:
+        # A cached result comes as text alone: tokenize it so special tokens are skipped alike.
+        ids = token_ids or (self.encode(text) if text else [])
+        self.text.add(ids, "")
+        self.completion_tokens += len(token_ids)
+
+    def on(self, entry: token_stream.StreamEntry) -> None:
+        if entry.event == "tokens":
+            self.add(entry.data.get("token_ids") or [], entry.data.get("text") or "")
+        elif entry.event == "done":
+            self.done = entry.data
+
+    def finish_reason(self) -> str:
+        return openai_finish_reason(self.done.get("finish_reason") or "", self.text.stopped)
+
+
+async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submission) -> dict:
+    """Follow the session's stream to its end (at most SPECOPS_OPENAI_TIMEOUT_S): the whole reply."""
+    progress = _Progress(request, submission)
+    timeout = conf.OPENAI_TIMEOUT_S
+    if progress.done is None:
+        try:
+            async with asyncio.timeout(timeout), aclosing(_follow(submission, idle_limit_s=timeout + 1)) as items:
+                async for item in items:
+                    if isinstance(item, token_stream.StreamEntry):
+                        progress.on(item)
+        except TimeoutError:
+            raise OpenAIError(504, f"the generation did not finish within {timeout:g} s (SPECOPS_OPENAI_TIMEOUT_S); "
+                              f"it goes on as session {submission.session_id}.", code="timeout") from None
+        except RedisError:
+            raise OpenAIError(503, "the token stream is unavailable; try again shortly.",
+                              code="stream_unavailable", headers={"Retry-After": "5"}) from None
+    failure = _failure(progress.done, submission.session_id)
+    if failure is not None:
+        raise failure
+    return reply(header, progress.text.full(final=True), progress.finish_reason(), submission.prompt_tokens,
+                 progress.completion_tokens)
+
+
+def _data(body: dict) -> str:
+    return f"data: {json.dumps(body)}\n\n"
+
+
+async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submission) -> AsyncIterator[str]:
+    """OpenAI's stream: deltas as steps arrive, the finish chunk, the usage chunk, ``[DONE]``.
+
+    A failure, a cancellation or the idle limit ends it with an ``{"error": ...}`` chunk (the
+    official client raises it) and ``[DONE]``: never a silent close.
+    """
+    progress = _Progress(request, submission)
+    with_usage = request.include_usage
+    if header.kind == CHAT:
+        yield _data(chunk(header, "", role=True, include_usage=with_usage))
+    error = None
+    if progress.done is None:
+        try:
+            async with aclosing(_follow(submission, idle_limit_s=project_conf.STREAM_IDLE_LIMIT_S)) as items:
+                async for item in items:
+                    if item == token_stream.HEARTBEAT:
+                        yield HEARTBEAT
+                    elif item == token_stream.IDLE_LIMIT:
+                        error = OpenAIError(504, f"no progress for {project_conf.STREAM_IDLE_LIMIT_S:g} s "
+                                            "(SPECOPS_STREAM_IDLE_LIMIT_S); the generation goes on as session "
+                                            f"{submission.session_id}.", code="timeout")
+                    else:
+                        progress.on(item)
+                        piece = progress.text.delta()
+                        if piece:
+                            yield _data(chunk(header, piece, include_usage=with_usage))
+        except RedisError:
+            error = OpenAIError(503, "the token stream is unavailable.", code="stream_unavailable")
+    error = error or _failure(progress.done, submission.session_id)
+    if error is not None:
+        yield _data(error.body())
+        yield DONE
+        return
+    piece = progress.text.delta(final=True)
+    if piece:
+        yield _data(chunk(header, piece, include_usage=with_usage))
+    yield _data(chunk(header, None, progress.finish_reason(), include_usage=with_usage))
+    if with_usage:
+        yield _data(usage_chunk(header, submission.prompt_tokens, progress.completion_tokens))
+    yield DONE
