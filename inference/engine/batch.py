@@ -27,19 +27,27 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig, GenerationConfig
-from inference.engine.decoder import branches_of, check_prompt, make_generator, sampling_params
+from inference.engine.decoder import (
+    branches_of,
+    check_prompt,
+    make_generator,
+    reseed_at,
+    resolve_eos,
+    sampling_params,
+)
 from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.draft_tree import DraftTree
-from inference.engine.drafters import build_drafter
+from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_drafter
 from inference.engine.drafters.base import DraftRequest, Drafter
 from inference.engine.errors import ConfigError
-from inference.engine.modeling import align_vocab, context_length, logits_width
+from inference.engine.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
+from inference.engine.modeling import align_vocab, context_length, draftable_ids, logits_width
 from inference.engine.outputs import GenerationResult, StepOutput
 from inference.engine.policy import RowOutlook, SpeculationPolicy
 from inference.engine.ragged_cache import RaggedCache, RowInput
@@ -51,7 +59,6 @@ from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
 FINISH_TIMEOUT = "timeout"
 FINISH_CANCELLED = "cancelled"
 FINISH_ERROR = "error"
-AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -152,22 +159,26 @@ class _Row:
 class BatchedSpeculativeEngine:
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
-    target/draft: loaded models (PreTrainedModel) sharing a tokenizer; draft may be None.
-    decode: ids -> text, needed for stop strings. policy: None uses a SpeculationPolicy.
+    target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
+    be None. Two LoadedModels are checked to be a compatible pair. decode: ids -> text, needed
+    for stop strings (default: the target's tokenizer). policy: None uses a SpeculationPolicy.
     """
 
     def __init__(
         self,
-        target: PreTrainedModel,
-        draft: PreTrainedModel | None = None,
+        target: LoadedModel | PreTrainedModel,
+        draft: LoadedModel | PreTrainedModel | None = None,
         decode: Callable[[list[int]], str] | None = None,
         policy: SpeculationPolicy | None = None,
         max_rows: int = 16,
         prefill_chunk: int = 64,
     ) -> None:
+        if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
+            check_pair_compatible(target, draft)
+        self.decode = decode or decode_of(target)
+        target, draft = unwrap_model(target), unwrap_model(draft) if draft is not None else None
         self.target = target
         self.draft = draft
-        self.decode = decode
         self.policy = policy or SpeculationPolicy()
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
@@ -191,13 +202,14 @@ class BatchedSpeculativeEngine:
 
     def drafter_kinds(self) -> list[str]:
         """Drafters this engine can run (those needing a draft model only with one)."""
-        kinds = ["ngram", "none"]
-        return (["draft_model", "tree"] + kinds) if self.draft is not None else kinds
+        return [kind for kind in DRAFTER_KINDS
+                if self.draft is not None or not DRAFTERS[kind].needs_draft_model]
 
     def submit(self, request: BatchRequest) -> None:
         """Queue a request; it joins at the next step. Bad settings raise here, not in a step."""
         prompt = list(request.prompt_ids)
-        max_new = check_prompt(prompt, self.target, request.config.max_new_tokens)
+        request = replace(request, config=resolve_eos(request.config, self.target))
+        max_new = check_prompt(prompt, self.target, request.config.max_new_tokens, draft=self.draft)
         if len(request.resume_ids) >= max_new:
             raise ConfigError(f"resume_ids: {len(request.resume_ids)} tokens already reach "
                               f"max_new_tokens ({max_new})")
@@ -317,6 +329,8 @@ class BatchedSpeculativeEngine:
 
     def _draft(self, policy_depth: int) -> tuple[list[DraftTree], float]:
         started = time.perf_counter()
+        for row in self.rows:
+            reseed_at(row.generator, row.config.seed, len(row.generated))
         depths = [self._row_depth(row, policy_depth) for row in self.rows]
         trees: dict[int, DraftTree] = {}
         chain_rows = [row for row in self.draft_rows if row.finish_reason is None]
@@ -334,9 +348,8 @@ class BatchedSpeculativeEngine:
         return [trees.get(id(row), DraftTree.empty()) for row in self.rows], time.perf_counter() - started
 
     def _draftable(self, token_ids: list[int]) -> list[int]:
-        """Ids the draft can read: one it lacks (a padded target vocabulary) reads as id 0."""
-        vocab = self.draft_vocab
-        return [token if token < vocab else 0 for token in token_ids]
+        """Ids the draft can read: one it lacks (a padded target vocabulary) reads as a substitute."""
+        return draftable_ids(token_ids, self.draft_vocab)
 
     def _draft_chains(self, wanted: dict[int, int]) -> dict[int, DraftTree]:
         """Draft every draft_model row's chain with shared draft forwards; rows keep in sync."""

@@ -42,6 +42,16 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator | 
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def reseed_at(generator: torch.Generator | None, seed: int | None, position: int) -> None:
+    """Re-seed a step's randomness from (seed, position of its first new token).
+
+    Each step then draws the same numbers whatever ran before it, so a generation resumed at a
+    committed step boundary samples exactly what the uninterrupted run would have.
+    """
+    if generator is not None and seed is not None:
+        generator.manual_seed((seed ^ (position * 0x9E3779B97F4A7C15)) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
 def sampling_params(config: GenerationConfig) -> SamplingParams | None:
     if config.greedy:
         return None
@@ -157,6 +167,7 @@ class SpeculativeDecoder:
         finish_reason = None
         while finish_reason is None:
             started = time.perf_counter()
+            reseed_at(generator, config.seed, len(generated))
             with torch.inference_mode():
                 max_depth = min(schedule.length, max_new_tokens - len(generated) - 1)
                 tree = (self.drafter.propose(context, DraftRequest(max_depth, sampling, generator))

@@ -113,9 +113,9 @@ class DeviceBatchLoop:
     def _engine(self, job: SessionJob) -> BatchedSpeculativeEngine:
         engine = self.engines.get(job.pair)
         if engine is None:
-            draft = job.draft.model if job.draft is not None else None
+            # LoadedModels: the engine checks that the pair shares a tokenizer and EOS
             engine = BatchedSpeculativeEngine(
-                job.target.model, draft, decode=job.target.tokenizer.decode,
+                job.target, job.draft, decode=job.target.tokenizer.decode,
                 policy=SpeculationPolicy(enabled=self.policy_enabled),
                 max_rows=self.max_rows, prefill_chunk=self.prefill_chunk)
             self.engines[job.pair] = engine

@@ -20,7 +20,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from inference.conf import conf
-from inference.engine import DraftConfig, GenerationConfig
+from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
 from inference.engine.batch import BatchRequest
 from inference.worker import metrics
 from inference.worker.batching_loop import SessionJob, device_loop
@@ -46,8 +46,9 @@ def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfi
     )
 
 
-def draft_config(params: dict) -> DraftConfig:
-    return DraftConfig(length=params.get("draft_length", 4))
+def draft_config(drafter: str, params: dict) -> DraftConfig:
+    """The drafter's settings from the request's parameters (older rows may carry extra keys)."""
+    return DRAFTERS[drafter].draft_config(params, strict=False)
 
 
 def committed_tokens(session: Session) -> tuple[list[int], int]:
@@ -85,7 +86,7 @@ def prepare(session: Session) -> SessionJob:
     request = BatchRequest(
         request_id=session.pk, prompt_ids=prompt_ids,
         config=generation_config(session.params, tokenizer.eos_token_id),
-        drafter=session.drafter, draft_config=draft_config(session.params),
+        drafter=session.drafter, draft_config=draft_config(session.drafter, session.params),
         deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed))
     recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
     return SessionJob(session=session, request=request, target=target, draft=draft,

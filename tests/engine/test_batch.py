@@ -117,7 +117,7 @@ def test_sampling_in_a_busy_batch_follows_the_target_distribution(kind):
     engine = BatchedSpeculativeEngine(target, draft, max_rows=24, prefill_chunk=4)
     torch.manual_seed(0)
     runs = 2000
-    sampled = GenerationConfig(max_new_tokens=3, temperature=1.0)
+    sampled = GenerationConfig(max_new_tokens=3, temperature=1.0, eos_token_id=())
     config = DraftConfig(length=2, tree_width=3, tree_depth=2, node_budget=6)
     requests = [BatchRequest(("s", run), PROMPT, sampled, kind, config) for run in range(runs)]
     requests += [BatchRequest(("g", run), [5, 2, 7, 1, 0, 6][: 1 + run % 6],
