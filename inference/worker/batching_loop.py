@@ -209,16 +209,23 @@ class DeviceBatchLoop:
             decode = job.target.tokenizer.decode
             text = decode(recorder.token_ids)
             finish_session(job.session, status, error=error, finish_reason=finish_reason,
-                           token_ids=recorder.token_ids, text=text, stats=stats)
+                           token_ids=recorder.token_ids, text=text, stats=stats,
+                           next_step=recorder.step)
             if status == SessionStatus.SUCCEEDED:
                 from inference import prediction_cache
 
                 prediction_cache.remember_result(job.session, text=text,
                                                  token_count=len(recorder.token_ids),
                                                  finish_reason=finish_reason, stats=stats or {})
-        except Exception:
+        except Exception as failure:
             logger.exception("recording the end of session %s failed", job.session.pk)
             status = SessionStatus.FAILED
+            try:  # still end it (its committed rows stay), so no client waits for a done event
+                finish_session(job.session, status, finish_reason=finish_reason,
+                               error=f"recording the outcome failed: {type(failure).__name__}: {failure}",
+                               next_step=recorder.step)
+            except Exception:
+                logger.exception("session %s could not be marked failed", job.session.pk)
         finally:
             self._observe(job, status, event)
             self.jobs.pop(job.request.request_id, None)

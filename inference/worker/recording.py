@@ -21,7 +21,6 @@ from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
 from metadata.sessions.writers import BatchWriter
 
-
 # PostgreSQL text cannot hold NUL (0x00), which a model may generate. Token ids are the truth;
 # the text column and each token's piece show NUL as U+2400 (SYMBOL FOR NULL) instead.
 NUL_IN_TEXT = "\u2400"
@@ -79,7 +78,7 @@ class SessionRecorder:
             "step": self.step, "token_ids": list(step.token_ids),
             "text": self.decode(list(step.token_ids)),
             "kinds": [int(kind) for kind in kinds],
-        })
+        }, step=self.step)
         self.step_times.append(time.time())
         self.step_tokens.append(len(step.token_ids))
         self.step += 1
@@ -117,7 +116,7 @@ class BatchRecorder:
 
 def finish_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",
                    token_ids: list[int] | None = None, text: str | None = None,
-                   stats: dict | None = None) -> bool:
+                   stats: dict | None = None, next_step: int | None = None) -> bool:
     """Write the session's outcome once and tell its stream; the cache entry goes after the commit.
 
     A session that already succeeded or failed is left as it is (returns False, no second
@@ -134,7 +133,7 @@ def finish_session(session: Session, status: str, *, error: str = "", finish_rea
         invalidate_session(session.pk)
     if updated:
         token_stream.publish(session.pk, "done", {"status": status, "finish_reason": finish_reason,
-                                                  "error": error})
+                                                  "error": error}, step=next_step)
     return bool(updated)
 
 

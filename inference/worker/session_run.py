@@ -27,6 +27,7 @@ from inference.worker.batching_loop import SessionJob, device_loop
 from inference.worker.recording import TERMINAL, SessionRecorder, finish_session
 from inference.worker.residency import residency
 from metadata.models import Session, SessionStatus, TokenRecord
+from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ def prepare(session: Session) -> SessionJob:
     tokenizer = target.tokenizer
     prompt_ids = tokenizer(session.prompt)["input_ids"]
     resumed, next_step = committed_tokens(session)
+    token_stream.forget_after(session.pk, next_step - 1)  # steps streamed but never committed
     request = BatchRequest(
         request_id=session.pk, prompt_ids=prompt_ids,
         config=generation_config(session.params, tokenizer.eos_token_id),
@@ -133,7 +135,8 @@ def run_session(session_id) -> str:
     if reason is not None:
         tokens = job.recorder.token_ids
         finish_session(session, SessionStatus.SUCCEEDED, finish_reason=reason, token_ids=tokens,
-                       text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)})
+                       text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)},
+                       next_step=job.recorder.step)
         return SessionStatus.SUCCEEDED
     device_loop().submit(job)
     if not job.done.wait(conf.GENERATION_TIMEOUT_S + WAIT_MARGIN_S):

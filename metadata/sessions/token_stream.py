@@ -39,12 +39,41 @@ def stream_key(session_id) -> str:
     return f"specops:stream:{session_id}"
 
 
-def publish(session_id, event: str, data: dict) -> None:
+def step_entry_id(step: int) -> str:
+    """The stream entry id of step `step` (0-based): "<step + 1>-0". A `done` event takes the id
+    the next step would have had, so ids follow the generation, not the clock."""
+    return f"{step + 1}-0"
+
+
+def publish(session_id, event: str, data: dict, *, step: int | None = None) -> bool:
+    """Append an event; with `step`, under that step's entry id, exactly once.
+
+    Redis refuses an XADD whose id is not above the stream's last one, so a resumed run that
+    publishes a step the stream already holds adds nothing (returns False).
+    """
     key = stream_key(session_id)
     pipe = client().pipeline()
-    pipe.xadd(key, {"event": event, "data": json.dumps(data)})
+    pipe.xadd(key, {"event": event, "data": json.dumps(data)},
+              id=step_entry_id(step) if step is not None else "*")
     pipe.expire(key, STREAM_TTL_S)
-    pipe.execute()
+    try:
+        pipe.execute()
+    except redis.ResponseError as error:
+        if "equal or smaller" not in str(error):
+            raise
+        client().expire(key, STREAM_TTL_S)
+        return False
+    return True
+
+
+def forget_after(session_id, step: int) -> int:
+    """Delete the events after step `step` (those a crashed run streamed but never committed),
+    so a resumed run publishes them again from what it generates; returns how many went."""
+    key = stream_key(session_id)
+    entries = client().xrange(key, min=f"({step_entry_id(step)}", max="+")
+    if entries:
+        client().xdel(key, *[entry_id for entry_id, _ in entries])
+    return len(entries)
 
 
 def follow(session_id, block_ms: int = 1000, idle_limit: int = 60) -> Iterator[tuple[str, dict]]:
