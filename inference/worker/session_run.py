@@ -15,6 +15,7 @@ import socket
 import time
 from datetime import timedelta
 
+from django.db import connections
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -139,6 +140,9 @@ def run_session(session_id) -> str:
                        next_step=job.recorder.step)
         return SessionStatus.SUCCEEDED
     device_loop().submit(job)
+    # The wait holds no database connection: with a pool per process, SPECOPS_MAX_BATCH waiting
+    # threads would otherwise starve the batching loop's own writes.
+    connections.close_all()
     if not job.done.wait(conf.GENERATION_TIMEOUT_S + WAIT_MARGIN_S):
         logger.error("session %s: the batching loop did not end it in time", session.pk)
         finish_session(session, SessionStatus.FAILED, error="the batching loop did not answer")
