@@ -303,6 +303,8 @@ class BatchedSpeculativeEngine:
             width = max(width, len(self._context_new(row)))
             if not row.can_draft(self.prefill_chunk) or row.own_schedule or not self.policy.enabled:
                 others += 1
+                # the forward is as wide as its widest row, so drafting within it costs no more
+                width = max(width, self._row_depth(row, 0) + 1)
             else:
                 outlooks.append(RowOutlook(row.drafter_kind, self._depth_cap(row)))
         decision = self.policy.decide(outlooks, other_rows=others, width=width)
