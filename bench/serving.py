@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from inference.engine import (  # noqa: E402
 )
 from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
 from inference.engine.policy import SpeculationPolicy  # noqa: E402
+from inference.worker.metrics import inter_token_gaps  # noqa: E402
 
 NO_EOS = ()
 
@@ -71,17 +71,6 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def per_token_gaps(times: list[float], counts: list[int]) -> list[float]:
-    gaps, previous = [], None
-    for at, count in zip(times, counts):
-        if count <= 0:
-            continue
-        if previous is not None:
-            gaps.extend([(at - previous) / count] * count)
-        previous = at
-    return gaps
-
-
 def run_sequential(target, draft, prompts, generation, gamma) -> Run:
     run = Run("sequential", len(prompts))
     started = time.perf_counter()
@@ -95,7 +84,7 @@ def run_sequential(target, draft, prompts, generation, gamma) -> Run:
             tokens.extend(step.token_ids)
         run.outputs.append(tokens)
         run.ttft.append(times[0] - started)
-        run.itl.extend(per_token_gaps(times, counts))
+        run.itl.extend(inter_token_gaps(times, counts))
     run.seconds = time.perf_counter() - started
     return run
 
@@ -118,7 +107,7 @@ def run_batched(name, engine: BatchedSpeculativeEngine, prompts, generation, dra
     for index in range(len(prompts)):
         run.outputs.append(tokens[index])
         run.ttft.append(times[index][0] - started)
-        run.itl.extend(per_token_gaps(times[index], counts[index]))
+        run.itl.extend(inter_token_gaps(times[index], counts[index]))
     return run
 
 
@@ -266,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.serving_api import api_throughput
 
         api = api_throughput(model_dir, [1, 8], args.api_requests, args.max_new_tokens)
-        print(f"  API end to end: " + ", ".join(f"c={c} {v:.1f} tok/s" for c, v in api.items()), flush=True)
+        print("  API end to end: " + ", ".join(f"c={c} {v:.1f} tok/s" for c, v in api.items()), flush=True)
         api_ratio = api[8] / api[1]
     print(f"RESULT batch8_over_sequential={tps('spec_batch', 8) / tps('sequential', 8):.2f} "
           f"spec_over_plain_batch1={tps('spec_batch', 1) / tps('plain_batch', 1):.2f} "

@@ -20,3 +20,17 @@ def joint_p_value(counts: np.ndarray, expected_probs: np.ndarray) -> float:
         observed = np.append(observed, counts[~keep].sum())
     expected = np.append(expected[keep], pooled) if pooled > 0 else expected[keep]
     return chisquare(observed, expected).pvalue
+
+
+def exact_joint(model, prompt: list[int], vocab: int, params) -> np.ndarray:
+    """The target's exact joint distribution of the first two tokens after `prompt`, flattened
+    [vocab * vocab] (1 + vocab forwards), after the same warping the decoder applies."""
+    import torch
+
+    from inference.engine.sampling import warp_probs
+
+    with torch.inference_mode():
+        first = warp_probs(model(torch.tensor([prompt])).logits[0, -1:], params)[0]
+        batch = torch.tensor([prompt + [token] for token in range(vocab)])
+        second = warp_probs(model(batch).logits[:, -1], params)
+    return (first[:, None] * second).double().numpy().ravel()

@@ -16,14 +16,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
+from inference.engine import (
+    DraftConfig,
+    GenerationConfig,
+    SpeculativeDecoder,
+    build_drafter,
+)
 from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.policy import SpeculationPolicy
 from inference.engine.ragged_cache import RaggedCache, RowInput
-from inference.engine.sampling import SamplingParams, warp_probs
+from inference.engine.sampling import SamplingParams
 from inference.engine.target_only import generate_plain
 
-from .chi_square import joint_p_value
+from .chi_square import exact_joint, joint_p_value
 from .conftest import ARCHS, VOCAB_SIZE, draft_model, noisy_copy, target_model
 
 DRAFTERS = ("draft_model", "ngram", "tree", "none", "auto")
@@ -102,12 +107,8 @@ VOCAB = 8
 PROMPT = [3, 1, 4]
 
 
-@torch.inference_mode()
 def _exact_joint(model, params: SamplingParams) -> np.ndarray:
-    first = warp_probs(model(torch.tensor([PROMPT])).logits[0, -1:], params)[0]
-    batch = torch.tensor([PROMPT + [token] for token in range(VOCAB)])
-    second = warp_probs(model(batch).logits[:, -1], params)
-    return (first[:, None] * second).double().numpy().ravel()
+    return exact_joint(model, PROMPT, VOCAB, params)
 
 
 @pytest.mark.parametrize("kind", ["draft_model", "tree"])

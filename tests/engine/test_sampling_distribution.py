@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from inference.engine import (
     DraftConfig,
@@ -20,10 +19,10 @@ from inference.engine import (
     SpeculativeDecoder,
     build_drafter,
 )
-from inference.engine.sampling import SamplingParams, warp_probs
+from inference.engine.sampling import SamplingParams
 from inference.engine.target_only import generate_plain
 
-from .chi_square import joint_p_value
+from .chi_square import exact_joint, joint_p_value
 from .conftest import draft_model, noisy_copy, target_model
 
 VOCAB = 8
@@ -36,12 +35,8 @@ def _models(arch: str):
     return (target_model(arch, vocab_size=VOCAB), draft_model(arch, vocab_size=VOCAB))
 
 
-@torch.inference_mode()
 def _exact_joint(model, params: SamplingParams) -> np.ndarray:
-    first = warp_probs(model(torch.tensor([PROMPT])).logits[0, -1:], params)[0]
-    batch = torch.tensor([PROMPT + [token] for token in range(VOCAB)])
-    second = warp_probs(model(batch).logits[:, -1], params)
-    return (first[:, None] * second).double().numpy().ravel()
+    return exact_joint(model, PROMPT, VOCAB, params)
 
 
 def _counts(decoder: SpeculativeDecoder, generation: dict) -> np.ndarray:
