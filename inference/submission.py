@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.utils import timezone
 from rest_framework.exceptions import APIException
 
 from metadata.models import Session, SessionStatus
@@ -28,6 +29,7 @@ def submit_generation(serializer, tenant, user) -> Session:
             tenant=tenant, created_by=user, target=data["target"], draft=data["draft"],
             drafter=data["drafter"], queue=data["target"].queue, prompt=data["prompt"],
             prompt_tokens=data["prompt_tokens"], params=serializer.params(),
+            enqueued_at=timezone.now(),  # the reconciler re-enqueues it if no worker takes it
         )
     try:
         generate.apply_async(args=[str(session.pk)], queue=session.queue)

@@ -1,7 +1,12 @@
-"""Celery tasks of the inference app; each runs on the queue of its model's device."""
+"""Celery tasks of the inference app: ``generate`` runs on its model's device queue, the
+reconciler (a beat job) on the ``maintenance`` queue."""
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True)
@@ -14,3 +19,17 @@ def generate(session_id: str) -> str:
     # The session was written a moment ago by the API: a replica may not have replayed it yet.
     with primary_only():
         return run_session(session_id)
+
+
+@shared_task(name="inference.reconcile_sessions", queue="maintenance", ignore_result=True,
+             soft_time_limit=60, time_limit=90)
+def reconcile_sessions() -> dict:
+    """Re-enqueue or fail the sessions whose worker died or whose task was lost (beat, every 15 s)."""
+    from inference.worker.reconciler import reconcile_sessions as reconcile
+    from metadata.partitions import MaintenanceLockBusy
+
+    try:
+        return reconcile().as_dict()
+    except MaintenanceLockBusy as exc:
+        logger.info("reconcile_sessions skipped: %s", exc)
+        return {"skipped": str(exc)}

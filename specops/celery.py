@@ -6,6 +6,7 @@ sent to its target model version's queue (``ModelVersion.queue``, from the versi
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 from celery import Celery
@@ -50,6 +51,7 @@ app.conf.update(
     task_routes={
         "metadata.*": {"queue": MAINTENANCE_QUEUE},
         "specops.*": {"queue": MAINTENANCE_QUEUE},
+        "inference.reconcile_sessions": {"queue": MAINTENANCE_QUEUE},
     },
     # Model queues: a worker reserves one message per execution slot (--concurrency x prefetch 1;
     # with the threads pool, the sessions its batching loop holds), each acknowledged after it ran
@@ -63,6 +65,47 @@ app.conf.update(
     timezone="UTC",
 )
 app.autodiscover_tasks()
+
+# Task modules that no import chain of a web or beat process reaches (autodiscovery runs in
+# workers only): beat schedules ``inference.reconcile_sessions`` by name, and metadata, which
+# registers the beat jobs, may not import inference. Registered once the app is finalized.
+EAGER_TASK_MODULES = ("inference.tasks",)
+
+
+@app.on_after_finalize.connect
+def register_task_modules(sender: Celery, **kwargs) -> None:
+    for module in EAGER_TASK_MODULES:
+        importlib.import_module(module)
+
+
+# How much longer than the longest generation task the Redis broker waits before it gives an
+# unacknowledged task back (the task thread waits GENERATION_TIMEOUT_S + 60 s at most:
+# inference.worker.session_run.WAIT_MARGIN_S).
+VISIBILITY_MARGIN_S = 120
+
+
+def visibility_timeout_s(generation_timeout_s: float, task_time_limit_s: float | None) -> int:
+    """The Redis transport's ``visibility_timeout``: past the longest a generation task may hold
+    its message, so a live worker's task is never handed to a second worker while it runs.
+
+    Celery's default (1 hour) would leave a dead worker's message unacknowledged for an hour; the
+    reconciler (``inference.reconcile_sessions``) re-enqueues such a session once its lease lapses,
+    and the redelivery that follows after this timeout finds it claimed or finished and does nothing.
+    """
+    longest = max(generation_timeout_s + 60, task_time_limit_s or 0)
+    return int(longest + VISIBILITY_MARGIN_S)
+
+
+@app.on_after_configure.connect
+def set_visibility_timeout(sender: Celery, **kwargs) -> None:
+    """Derive the visibility timeout from the settings once they are read (an explicit
+    CELERY_BROKER_TRANSPORT_OPTIONS visibility_timeout wins; RabbitMQ ignores it)."""
+    from django.conf import settings
+
+    options = dict(sender.conf.broker_transport_options or {})
+    options.setdefault("visibility_timeout", visibility_timeout_s(
+        float(settings.SPECOPS_GENERATION_TIMEOUT_S), sender.conf.task_time_limit))
+    sender.conf.broker_transport_options = options
 
 
 @worker_shutdown.connect

@@ -22,6 +22,12 @@ class PeriodicJob:
     name: str
     task: str
     every_minutes: int
+    every_seconds: int = 0  # when set, the interval in seconds instead (jobs more often than a minute)
+
+    @property
+    def interval(self) -> tuple[int, str]:
+        """``(every, period)`` of its django-celery-beat ``IntervalSchedule``."""
+        return (self.every_seconds, "seconds") if self.every_seconds else (self.every_minutes, "minutes")
 
 
 def periodic_jobs() -> list[PeriodicJob]:
@@ -32,6 +38,9 @@ def periodic_jobs() -> list[PeriodicJob]:
                     int(conf.RECENT_INDEX_ROTATE_MINUTES)),
         PeriodicJob("specops: cache stats snapshot", "metadata.cache_tasks.snapshot_cache_stats", 1),
         PeriodicJob("specops: sample operational gauges", "specops.sample_ops_metrics", 1),
+        # Sessions whose worker died or whose task the broker lost (inference.worker.reconciler):
+        # with the 30 s lease, a dead worker's session is back on its queue within ~45 s.
+        PeriodicJob("specops: reconcile sessions", "inference.reconcile_sessions", 0, every_seconds=15),
     ]
 
 
@@ -53,7 +62,8 @@ def _register(apps, using: str, created: list[str]) -> None:
     for job in periodic_jobs():
         if task_model.objects.using(using).filter(name=job.name).exists():
             continue
-        interval, _ = interval_model.objects.using(using).get_or_create(every=job.every_minutes, period="minutes")
+        every, period = job.interval
+        interval, _ = interval_model.objects.using(using).get_or_create(every=every, period=period)
         task_model.objects.using(using).create(name=job.name, task=job.task, interval=interval, queue=MAINTENANCE_QUEUE,
                                   description="Registered by metadata.partitions.beat_jobs; edit freely.")
         created.append(job.name)

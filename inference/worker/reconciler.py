@@ -1,0 +1,170 @@
+"""Find the sessions no worker will finish, and put them back on their queue or end them.
+
+A session is left behind in two ways (DESIGN.md, the Celery traps):
+
+- Its worker died. The session is ``running`` but its lease lapsed: the batching loop renews
+  the lease of every session it holds every ``SESSION_LEASE_S / 3``, so a lapsed lease means no
+  live loop holds it. The task's message sits in the broker's unacknowledged set until the
+  visibility timeout, so the reconciler re-enqueues the session on its queue; the claim lets
+  one worker take it, and that worker resumes from the committed tokens. A session already
+  claimed ``MAX_ATTEMPTS`` times fails instead, with the reason.
+- Its task was lost (the broker's database flushed, a failover without persistence). The
+  session stays ``queued`` with no message, which nothing can observe from here, so a session
+  queued ``RECONCILE_QUEUED_S`` after its last enqueue gets another message. A duplicate is
+  harmless: the claim lets one delivery run, the others return at once. A session still queued
+  ``RECONCILE_GIVE_UP_S`` after its creation fails: no worker serves its queue.
+
+One pass at a time (``pg_try_advisory_lock`` on a direct connection). Every change is an UPDATE
+that repeats the condition the session was picked by, so a worker that claims or finishes the
+session in between wins. Nothing is published to a session's stream here but a failure's
+final event (by ``finish_session``): a re-enqueued session's stream continues when it resumes.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from celery import current_app
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from inference.conf import conf
+from metadata.models import Session, SessionStatus
+from metadata.partitions import advisory_lock
+from metadata.replicas.lsn import primary_only
+from metadata.sessions.state import invalidate_session
+from specops.database_config import maintenance_alias
+
+logger = logging.getLogger(__name__)
+
+RECONCILER_LOCK = 0x5350_4543_0020  # "SPEC" + 0x20; partitions 1 and 2, statement snapshots 0x10
+GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this module
+BATCH = 500  # sessions one pass handles per kind; the next pass (15 s later) takes the rest
+
+
+@dataclass
+class ReconcileReport:
+    """What one pass did, by session id."""
+
+    resumed: list[str] = field(default_factory=list)  # a lost worker's session, back on its queue
+    requeued: list[str] = field(default_factory=list)  # a queued session given another task
+    failed: list[str] = field(default_factory=list)  # attempts exhausted, or waited too long
+    enqueue_errors: list[str] = field(default_factory=list)  # left queued; the next pass retries
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"resumed={len(self.resumed)} requeued={len(self.requeued)} failed={len(self.failed)} "
+                f"enqueue_errors={len(self.enqueue_errors)}")
+
+
+def lapsed_lease(now: datetime) -> Q:
+    """Running, and no worker renewed its lease (a null lease: no activity for a lease's length)."""
+    lease = timedelta(seconds=conf.SESSION_LEASE_S)
+    return Q(status=SessionStatus.RUNNING) & (
+        Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, last_activity_at__lt=now - lease))
+
+
+def stale_enqueue(now: datetime) -> Q:
+    """Queued, and its last task was handed to the broker longer than RECONCILE_QUEUED_S ago."""
+    cutoff = now - timedelta(seconds=conf.RECONCILE_QUEUED_S)
+    return Q(status=SessionStatus.QUEUED) & (
+        Q(enqueued_at__lt=cutoff) | Q(enqueued_at__isnull=True, created_at__lt=cutoff))
+
+
+def waited_too_long(now: datetime) -> Q:
+    """Queued, and created longer than RECONCILE_GIVE_UP_S ago."""
+    return Q(status=SessionStatus.QUEUED, created_at__lt=now - timedelta(seconds=conf.RECONCILE_GIVE_UP_S))
+
+
+class SessionReconciler:
+    """One reconciliation pass over the live sessions (``run``)."""
+
+    def __init__(self) -> None:
+        self.worker_name = f"reconciler@{socket.gethostname()}"
+
+    def run(self, now: datetime | None = None) -> ReconcileReport:
+        """Reconcile once; ``MaintenanceLockBusy`` at once if another pass is running."""
+        now = now or timezone.now()
+        report = ReconcileReport()
+        with primary_only(), advisory_lock(RECONCILER_LOCK, maintenance_alias(settings.DATABASES)):
+            self.lost_workers(now, report)
+            self.given_up(now, report)
+            self.lost_tasks(now, report)
+        if report.resumed or report.failed or report.enqueue_errors:
+            logger.warning("reconcile_sessions: %s", report.summary())
+        elif report.requeued:  # a backlog looks the same: not worth a warning each pass
+            logger.info("reconcile_sessions: %s", report.summary())
+        return report
+
+    def lost_workers(self, now: datetime, report: ReconcileReport) -> None:
+        rows = (Session.objects.filter(lapsed_lease(now)).order_by("last_activity_at")
+                .values("pk", "attempts", "queue", "worker")[:BATCH])
+        for row in rows:
+            pk, attempts, worker = row["pk"], row["attempts"], row["worker"] or "an unknown worker"
+            condition = lapsed_lease(now) & Q(attempts=attempts)
+            if attempts >= conf.MAX_ATTEMPTS:
+                error = (f"worker lost {attempts} times (last on {worker}); gave up after "
+                         f"{conf.MAX_ATTEMPTS} attempts (SPECOPS_MAX_ATTEMPTS)")
+                self._fail(pk, condition, error, now, report)
+                continue
+            note = (f"worker lost (attempt {attempts} of {conf.MAX_ATTEMPTS}, on {worker}); re-enqueued "
+                    f"to resume from its committed tokens")
+            if self._requeue(pk, row["queue"], condition, now, report, status=SessionStatus.QUEUED,
+                             lease_expires_at=None, error=note):
+                report.resumed.append(str(pk))
+
+    def given_up(self, now: datetime, report: ReconcileReport) -> None:
+        rows = Session.objects.filter(waited_too_long(now)).order_by("created_at").values_list("pk", "queue")[:BATCH]
+        for pk, queue in rows:
+            error = (f"no worker took it within {conf.RECONCILE_GIVE_UP_S:g} s of its creation "
+                     f"(queue {queue!r}; SPECOPS_RECONCILE_GIVE_UP_S)")
+            self._fail(pk, waited_too_long(now), error, now, report)
+
+    def lost_tasks(self, now: datetime, report: ReconcileReport) -> None:
+        rows = (Session.objects.filter(stale_enqueue(now)).exclude(waited_too_long(now))
+                .order_by("created_at").values_list("pk", "queue")[:BATCH])
+        for pk, queue in rows:
+            if self._requeue(pk, queue, stale_enqueue(now), now, report):
+                report.requeued.append(str(pk))
+
+    def _requeue(self, pk, queue: str, condition: Q, now: datetime, report: ReconcileReport, **fields) -> bool:
+        """Mark the session enqueued now (if ``condition`` still holds), then send it a task."""
+        if not Session.objects.filter(condition, pk=pk).update(enqueued_at=now, updated_at=now, **fields):
+            return False  # a worker claimed or finished it meanwhile
+        invalidate_session(pk)
+        try:
+            current_app.send_task(GENERATE_TASK, args=[str(pk)], queue=queue)
+        except Exception:  # the broker is down: it stays queued, and a later pass sends it again
+            logger.exception("reconcile_sessions: enqueue of session %s failed", pk)
+            report.enqueue_errors.append(str(pk))
+            return False
+        return True
+
+    def _fail(self, pk, condition: Q, error: str, now: datetime, report: ReconcileReport) -> None:
+        """Fail the session if ``condition`` still holds.
+
+        The reconciler first takes the session's lease the way a worker claims it, so no worker
+        can start it between the check and the final write; then ``finish_session`` writes the
+        outcome once and ends its stream.
+        """
+        from inference.worker.recording import (
+            finish_session,  # the engine's types: only when needed
+        )
+
+        taken = Session.objects.filter(condition, pk=pk).update(
+            status=SessionStatus.RUNNING, worker=self.worker_name, updated_at=now,
+            lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S))
+        if not taken:
+            return
+        if finish_session(Session.objects.get(pk=pk), SessionStatus.FAILED, error=error):
+            report.failed.append(str(pk))
+
+
+def reconcile_sessions(now: datetime | None = None) -> ReconcileReport:
+    """One pass (see the module docstring); raises ``MaintenanceLockBusy`` when one is running."""
+    return SessionReconciler().run(now)
