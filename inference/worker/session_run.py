@@ -78,6 +78,12 @@ def claim(session: Session) -> bool:
     return bool(claimed)
 
 
+def renew_lease(session: Session) -> None:
+    now = timezone.now()
+    Session.objects.filter(pk=session.pk, status=SessionStatus.RUNNING).update(
+        lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S), last_activity_at=now)
+
+
 def prepare(session: Session) -> SessionJob:
     """Load the session's models and build its batch request (errors here fail the session)."""
     target = residency.get(session.target)
@@ -139,6 +145,7 @@ def run_session(session_id) -> str:
                        text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)},
                        next_step=job.recorder.step)
         return SessionStatus.SUCCEEDED
+    renew_lease(session)  # loading the models may have taken a while
     device_loop().submit(job)
     # The wait holds no database connection: with a pool per process, SPECOPS_MAX_BATCH waiting
     # threads would otherwise starve the batching loop's own writes.
