@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from django.db import transaction
 from django.utils import timezone
 
 from inference.conf import conf
-from inference.engine.batch import RowEvent
 from metadata.models import Candidate, Session, SessionStatus, TokenKind, TokenRecord
 from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
 from metadata.sessions.writers import BatchWriter
+
+if TYPE_CHECKING:  # the engine (torch) loads only where sessions run, not where they end
+    from inference.engine.batch import RowEvent
 
 # PostgreSQL text cannot hold NUL (0x00), which a model may generate. Token ids are the truth;
 # the text column and each token's piece show NUL as U+2400 (SYMBOL FOR NULL) instead.
