@@ -1,17 +1,223 @@
-from django.contrib import admin, messages
+"""Admin of the inference app: the model registry, and re-running a session.
 
-from inference.models import ModelVersion
+The registry page lists versions with their role, device and queue, status and draft pairing,
+charts the acceptance of each (target, draft) pair over time from the rollups, and promotes a
+version only after a confirmation page that says which active version it retires and that the
+prediction cache entries of the retired versions are invalidated.
+
+The session admin is ``metadata.admin``'s (read-only); this app adds what needs the models:
+re-running a session with the same parameters, and spelling the draft trees' token ids with the
+target's tokenizer.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from inference.api.serializers import GenerationRequestSerializer
+from inference.api.tokenizers import tokenizer_for
+from inference.models import ModelVersion, VersionStatus
+from inference.submission import QueueUnavailable, submit_generation
+from metadata import admin as metadata_admin
+from metadata.models import OpsRollup, RollupWidth, Session
+from specops.ops import session_view
+from specops.ops.svg_charts import PALETTE, Series, line_chart
+
+logger = logging.getLogger(__name__)
+ACCEPTANCE_DAYS = 7
+
+
+# ------------------------------------------------------------------------------- sessions
+
+
+class RerunError(Exception):
+    """The session cannot be submitted again (its model is gone, its parameters are refused)."""
+
+
+def rerun(session: Session, user) -> Session:
+    """Submit a new session with ``session``'s prompt and parameters, for its tenant."""
+    data = {"prompt": session.prompt, "model": session.target.name, "drafter": session.drafter,
+            **{k: v for k, v in (session.params or {}).items() if v is not None}}
+    serializer = GenerationRequestSerializer(data=data)
+    if not serializer.is_valid():
+        raise RerunError("; ".join(f"{field}: {' '.join(map(str, errors))}"
+                                   for field, errors in serializer.errors.items()))
+    return submit_generation(serializer, session.tenant, user)
+
+
+def tokenizer_decoder(session: Session):
+    """Decode draft token ids with the target's tokenizer (the session's own pieces if it won't load)."""
+    try:
+        tokenizer = tokenizer_for(str(session.target.directory))
+    except Exception:
+        logger.info("admin: tokenizer of %s unavailable; draft trees show token pieces/ids", session.target)
+        return session_view.pieces_decoder
+
+    def decoder(rows):
+        pieces = {row.token_id: row.piece for row in rows}  # what the session itself emitted, exactly
+
+        def decode(token_id: int) -> str:
+            if token_id in pieces:
+                return pieces[token_id]
+            text = tokenizer.decode([token_id])
+            # a byte-level piece of a multi-byte character: show the vocabulary entry instead
+            return text if "\ufffd" not in text else str(tokenizer.convert_ids_to_tokens(token_id))
+        return decode
+
+    return decoder
+
+
+admin.site.unregister(Session)
+
+
+@admin.register(Session)
+class SessionAdmin(metadata_admin.SessionAdmin):
+    actions = ["cancel", "rerun_selected"]
+
+    def has_rerun_permission(self, request, obj=None) -> bool:
+        return request.user.has_perm("metadata.add_session")
+
+    def token_decoder(self, session: Session):
+        return tokenizer_decoder(session)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.rerun_view)
+        return [path("<path:object_id>/rerun/", view, name="metadata_session_rerun")] + super().get_urls()
+
+    def _rerun(self, request, session: Session) -> Session | None:
+        try:
+            new = rerun(session, request.user)
+        except (RerunError, QueueUnavailable) as exc:
+            self.message_user(request, f"Session {session.pk} was not re-run: {exc}", messages.ERROR)
+            return None
+        url = reverse("admin:metadata_session_change", args=[new.pk])
+        self.message_user(request, format_html('Re-ran {} as <a href="{}">{}</a> ({}, queue {}).', session.pk, url,
+                                               new.pk, new.target, new.queue), messages.SUCCESS)
+        return new
+
+    @admin.action(description="Re-run the selected sessions with the same parameters", permissions=["rerun"])
+    def rerun_selected(self, request, queryset) -> None:
+        for session in queryset.select_related("target", "tenant")[:50]:
+            self._rerun(request, session)
+
+    def rerun_view(self, request, object_id):
+        session = self.get_object(request, object_id)
+        if session is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if request.method != "POST" or not self.has_rerun_permission(request, session):
+            raise PermissionDenied
+        new = self._rerun(request, session)
+        return HttpResponseRedirect(reverse("admin:metadata_session_change", args=[(new or session).pk]))
+
+
+# ------------------------------------------------------------------------------- registry
+
+
+def pair_acceptance_chart(targets=None, days: int = ACCEPTANCE_DAYS) -> str:
+    """Hourly acceptance (accepted / drafted) of each (target, draft) pair, from the rollups."""
+    since = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=days)
+    rows = OpsRollup.objects.filter(width=RollupWidth.HOUR, series="pair", start__gte=since).order_by("start")
+    if targets is not None:
+        rows = [r for r in rows if r.key.split(":")[0] in {str(t) for t in targets}]
+    hours = sorted({r.start for r in rows})
+    by_key: dict[str, dict] = {}
+    for row in rows:
+        by_key.setdefault(row.key, {})[row.start] = row
+    ids = {int(part) for key in by_key for part in key.split(":") if part.isdigit()}
+    names = {v.pk: f"{v.name}:{v.version}" for v in ModelVersion.objects.filter(pk__in=ids)}
+    series = []
+    for i, (key, slots) in enumerate(sorted(by_key.items())):
+        target, _, draft = key.partition(":")
+        label = f"{names.get(int(target), target)} + {names.get(int(draft), 'no draft') if draft.isdigit() else 'no draft'}"
+        points = [(h.strftime("%m-%d %H:00"), _acceptance(slots.get(h))) for h in hours]
+        series.append(Series(label, points, PALETTE[i % len(PALETTE)]))
+    return line_chart(series, "%", top=100.0, title=f"Acceptance of each model pair, hourly, last {days} days")
+
+
+def _acceptance(row) -> float | None:
+    values = (row.values or {}) if row is not None else {}
+    return 100.0 * values["accepted"] / values["drafted"] if values.get("drafted") else None
 
 
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
-    list_display = ("name", "version", "role", "status", "device", "context_length", "promoted_at")
+    list_display = ("name", "version", "role", "colored_status", "device", "queue", "default_draft",
+                    "context_length", "promoted_at", "promote_link")
     list_filter = ("role", "status", "device")
+    list_select_related = ("default_draft",)
     search_fields = ("name", "version")
+    readonly_fields = ("status", "promoted_at", "created_at")
     actions = ["promote"]
+    change_list_template = "admin/inference/modelversion/change_list.html"
+    change_form_template = "admin/inference/modelversion/change_form.html"
+    STATUS_COLORS = {VersionStatus.ACTIVE: "#2e7d32", VersionStatus.STAGED: "#e08e0b", VersionStatus.RETIRED: "#666"}
 
-    @admin.action(description="Promote the selected version (retires the active one)")
+    @admin.display(description="status", ordering="status")
+    def colored_status(self, version: ModelVersion) -> str:
+        return format_html('<strong style="color: {}">{}</strong>', self.STATUS_COLORS.get(version.status, "#000"),
+                           version.status)
+
+    @admin.display(description="")
+    def promote_link(self, version: ModelVersion) -> str:
+        if version.status == VersionStatus.ACTIVE:
+            return "active"
+        return format_html('<a class="promote-link" href="{}">promote…</a>',
+                           reverse("admin:inference_modelversion_promote", args=[version.pk]))
+
+    def get_urls(self):
+        view = self.admin_site.admin_view(self.promote_view)
+        return [path("<path:object_id>/promote/", view, name="inference_modelversion_promote")] + super().get_urls()
+
+    def changelist_view(self, request, extra_context=None):
+        extra = {"acceptance_chart": pair_acceptance_chart(), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        version = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if version is not None:
+            extra["acceptance_chart"] = pair_acceptance_chart(targets=[version.pk])
+            extra["can_promote"] = version.status != VersionStatus.ACTIVE and self.has_change_permission(request, version)
+        return super().change_view(request, object_id, form_url, extra)
+
+    @admin.action(description="Promote the selected versions (asks for confirmation)", permissions=["change"])
     def promote(self, request, queryset):
-        for version in queryset:
-            replaced = version.promote()
-            messages.info(request, f"{version} is active; retired: {', '.join(map(str, replaced)) or 'none'}")
+        if request.POST.get("confirmed") == "yes":
+            for version in queryset:
+                self._promote(request, version)
+            return None
+        return self._confirmation(request, list(queryset), action=True)
+
+    def promote_view(self, request, object_id):
+        version = self.get_object(request, object_id)
+        if version is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_change_permission(request, version):
+            raise PermissionDenied
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            self._promote(request, version)
+            return HttpResponseRedirect(reverse("admin:inference_modelversion_changelist"))
+        return self._confirmation(request, [version], action=False)
+
+    def _confirmation(self, request, versions: list[ModelVersion], action: bool):
+        plans = [{"version": v, "replaces": list(ModelVersion.objects.filter(
+            name=v.name, role=v.role, status=VersionStatus.ACTIVE).exclude(pk=v.pk))} for v in versions]
+        context = {**self.admin_site.each_context(request), "opts": self.opts, "title": "Promote model versions",
+                   "plans": plans, "action": action, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME}
+        return TemplateResponse(request, "admin/inference/modelversion/promote_confirmation.html", context)
+
+    def _promote(self, request, version: ModelVersion) -> None:
+        replaced = version.promote()
+        retired = ", ".join(map(str, replaced)) or "none"
+        note = ("; the prediction cache entries of the retired versions are invalidated" if replaced
+                else "; nothing was active, so no prediction cache entry changes")
+        self.message_user(request, f"Promoted {version}: it is active; retired: {retired}{note}.", messages.SUCCESS)

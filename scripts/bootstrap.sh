@@ -4,10 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
-# Tools the tests call: promtool (checks the alert rules) and systemd-analyze (the unit files).
+# Tools the tests call: promtool (checks the alert rules), systemd-analyze (the unit files) and
+# Debian's chromium (the browser tests drive it through Playwright; Playwright's own browser
+# download is never used: tests/test_admin_browser.py launches /usr/bin/chromium).
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+command -v chromium >/dev/null || missing+=(chromium)
 if ((${#missing[@]})); then
   echo "bootstrap: installing ${missing[*]} (Debian packages)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

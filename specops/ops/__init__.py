@@ -1,11 +1,16 @@
-"""Operator views of the whole platform: the admin dashboard, sampled gauges, SVG charts.
+"""Operator views of the whole platform: the admin dashboard, the session page, rollups, SVG charts.
 
-``dashboard_view`` is the admin page (``/admin/dashboard/``), filled by ``dashboard_context``;
-``sample_ops_metrics`` is the beat task that sets the Prometheus gauges (queue backlog, DEFAULT
-partition rows, archival jobs); ``bar_chart`` / ``line_chart`` draw ``Series`` as inline SVG.
+``dashboard_view`` is the admin page (``/admin/dashboard/``, ``?panels=1`` for its live refresh),
+filled by ``dashboard_context`` from the per-minute and per-hour rollups that ``rollups`` writes
+(``roll_up_ops``, a beat job every 30 s; API requests are rolled up on write by the request-log
+middleware); ``sample_ops_metrics`` is the beat task that sets the Prometheus gauges;
+``bar_chart`` / ``line_chart`` draw ``Series`` as inline SVG with axes, units and values.
 
-Modules: ``views``, ``dashboard``, ``gauges``, ``svg_charts``. Everything but the charts needs
-the models (and the gauges the Celery app), so it loads on first use.
+Modules: ``views``, ``dashboard``, ``rollups``, ``histograms`` (mergeable latency histograms),
+``sampling`` (broker, DEFAULT partitions, replicas), ``gauges`` (the beat entries),
+``session_view`` / ``session_timings`` / ``session_actions`` (the admin's session page and cancel),
+``svg_charts``. Everything but the charts and histograms needs the models (and the gauges the
+Celery app), so it loads on first use.
 """
 from __future__ import annotations
 

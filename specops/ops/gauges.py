@@ -1,22 +1,28 @@
-"""Operational gauges sampled by a beat job: queue backlog, default partitions, archival jobs.
+"""The beat entries of the operator views: Prometheus gauges sampled on a schedule, and the rollups.
 
-Sampled on a schedule (not at scrape time) because /metrics is served from several processes
-through PROMETHEUS_MULTIPROC_DIR, where a scrape-time collector would not be aggregated; the
-gauges use the ``mostrecent`` mode so the latest sample wins whichever process took it.
+Gauges are sampled on a schedule (not at scrape time) because /metrics is served from several
+processes through PROMETHEUS_MULTIPROC_DIR, where a scrape-time collector would not be
+aggregated; they use the ``mostrecent`` mode so the latest sample wins whichever process took it.
+``roll_up_ops`` is the rollup job's entry (``specops.ops.rollups``); it lives here because this
+module is the one the worker imports (``specops.tasks``).
 """
 from __future__ import annotations
 
 import logging
 
 from celery import shared_task
-from django.db import connection
-from django.db.models import Count
 from prometheus_client import Gauge
 
-from metadata.models import PARTITIONED_TABLES, PartitionArchivalJob
-from specops.celery import CPU_QUEUE, MAINTENANCE_QUEUE, app, gpu_queue, visible_gpu_count
+from specops.ops.sampling import (
+    archival_job_counts,
+    default_partition_rows,
+    device_queues,
+    queue_lengths,
+)
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["archival_job_counts", "default_partition_rows", "queue_lengths", "roll_up_ops", "sample_ops_metrics"]
 
 QUEUE_LENGTH = Gauge("specops_celery_queue_length", "Messages waiting in a Celery queue.", ["queue"],
                      multiprocess_mode="mostrecent")
@@ -26,41 +32,10 @@ ARCHIVAL_JOBS = Gauge("specops_archival_jobs", "Partition archival jobs by step.
                       multiprocess_mode="mostrecent")
 
 
-def queue_lengths(queues: list[str]) -> dict[str, int]:
-    """Messages ready in each queue (a passive declare: works on Redis and RabbitMQ)."""
-    lengths = {}
-    with app.connection_for_read() as conn:
-        for name in queues:
-            try:
-                lengths[name] = conn.default_channel.queue_declare(queue=name, passive=True).message_count
-            except Exception:  # a queue nobody declared yet holds nothing
-                lengths[name] = 0
-    return lengths
-
-
-def default_partition_rows() -> dict[str, int]:
-    rows = {}
-    with connection.cursor() as cursor:
-        for table in PARTITIONED_TABLES:
-            cursor.execute(f'SELECT count(*) FROM "{table}_default"')
-            rows[table] = cursor.fetchone()[0]
-    return rows
-
-
-def archival_job_counts() -> dict[str, int]:
-    from metadata.models import ArchivalStep
-
-    counts = dict.fromkeys(ArchivalStep.values, 0)
-    for row in PartitionArchivalJob.objects.values("step").annotate(n=Count("id")):
-        counts[row["step"]] = row["n"]
-    return counts
-
-
 @shared_task(name="specops.sample_ops_metrics")
 def sample_ops_metrics() -> dict:
     """Set the gauges from the broker and the database; return what was sampled."""
-    queues = [CPU_QUEUE, MAINTENANCE_QUEUE] + [gpu_queue(i) for i in range(visible_gpu_count())]
-    sample = {"queues": queue_lengths(queues), "default_rows": default_partition_rows(),
+    sample = {"queues": queue_lengths(device_queues()), "default_rows": default_partition_rows(),
               "archival_jobs": archival_job_counts()}
     for name, value in sample["queues"].items():
         QUEUE_LENGTH.labels(name).set(value)
@@ -69,3 +44,13 @@ def sample_ops_metrics() -> dict:
     for step, value in sample["archival_jobs"].items():
         ARCHIVAL_JOBS.labels(step).set(value)
     return sample
+
+
+@shared_task(name="specops.roll_up_ops")
+def roll_up_ops() -> dict:
+    """Beat entry (every 30 s, registered by migration metadata 0007): one rollup run."""
+    from specops.ops.rollups import roll_up
+
+    run = roll_up()
+    return {"start": run.start and run.start.isoformat(), "end": run.end and run.end.isoformat(),
+            "sessions": run.sessions, "rows": run.rows, "caught_up": run.caught_up, "skipped": run.skipped}
