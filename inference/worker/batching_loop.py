@@ -202,6 +202,12 @@ class DeviceBatchLoop:
             self._flush()
             if event is not None:
                 stats = event.stats.to_dict()
+                created = job.session.created_at.timestamp()
+                gaps = metrics.inter_token_gaps(recorder.step_times, recorder.step_tokens)
+                stats.update(
+                    ttft_seconds=recorder.step_times[0] - created if recorder.step_times else None,
+                    queue_seconds=recorder.admitted_at - created if recorder.admitted_at else None,
+                    itl_seconds=sum(gaps) / len(gaps) if gaps else None)
                 stats.update(drafter=event.drafter, batch_rows_max=recorder.batch_rows_max,
                              depth_choices={str(k): v for k, v in sorted(event.depth_choices.items())})
                 if finish_reason == "timeout":
