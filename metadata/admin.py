@@ -13,6 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from metadata.insights import admin as insights_admin  # noqa: F401  (the hot-queries and capacity pages)
 from metadata.models import (
     LIVE_STATUSES,
     PARTITIONED_TABLES,

@@ -5,6 +5,7 @@ The partition policy and cache configuration are validated at start-up by ``meta
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from specops.conf_base import AppSettings, Setting
@@ -35,6 +36,16 @@ SETTINGS = (
     Setting("SPECOPS_CACHE_LOCK_TTL_S", float, 2.0, "single-flight load lock lifetime"),
     Setting("SPECOPS_CACHE_REDIS_RETRY_S", float, 0.5, "pause before Redis is tried again after a failure"),
     Setting("SPECOPS_CACHE_STATS_FLUSH_S", float, 5.0, "how often a process adds its cache counters to Redis"),
+    Setting("SPECOPS_INSIGHTS_SNAPSHOT_MINUTES", int, 1, "beat period of the pg_stat_statements snapshot"),
+    Setting("SPECOPS_INSIGHTS_BIG_TABLE_ROWS", int, 100_000,
+            "a sequential scan of a relation with at least this many rows (estimate) is flagged"),
+    Setting("SPECOPS_CAPACITY_BUFFER", float, 2.5, "headroom over the observed peak in the capacity plan"),
+    Setting("SPECOPS_CAPACITY_DEVICE_TOKENS_PER_S", float, 275.0,
+            "measured tokens/s of one worker device (bench/engine.py; the CPU demo pair: 275)"),
+    Setting("SPECOPS_CAPACITY_DB_CORES", int, lambda ns: os.cpu_count() or 1,
+            "CPU cores of one database server (default: this host's)"),
+    Setting("SPECOPS_CAPACITY_DISK_FREE_BYTES", int, 0,
+            "free bytes for the database (0: measure the data directory when readable)"),
 )
 
 conf = AppSettings(SETTINGS)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -79,6 +80,9 @@ class Session(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=128, blank=True, default="")
+    # When a task for it was last handed to the broker (submission, or the reconciler when the
+    # broker may have lost it): a session queued long after this gets another task.
+    enqueued_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -183,11 +187,74 @@ class RequestLog(models.Model):
         db_table = "metadata_request_log"
 
 
+class StatementSnapshot(models.Model):
+    """One statement's work on one database during one snapshot interval; partitioned by ``taken_at``.
+
+    Deltas of ``pg_stat_statements`` between two snapshots of the same database alias (the
+    ``metadata.insights.snapshot_statements`` beat job). ``max_time_ms``: PostgreSQL 15 keeps
+    only the maximum since the statistics were reset, so it is exact when the statement set a new
+    maximum in the interval, else the interval's mean (a lower bound of its true maximum).
+    """
+
+    pk = models.CompositePrimaryKey("database", "queryid", "taken_at")
+    taken_at = models.DateTimeField()
+    interval_s = models.FloatField()  # since the previous snapshot of this database
+    database = models.CharField(max_length=32)  # the Django alias: "default", "replica_0", ...
+    queryid = models.BigIntegerField()
+    query = models.TextField()  # normalised text (constants as $n, lists collapsed, tag removed)
+    family = models.CharField(max_length=100)  # statement kind and main table, e.g. "select metadata_token"
+    source = models.CharField(max_length=200, blank=True, default="")  # "view=…" or "task=…", from the SQL tag
+    calls = models.BigIntegerField()
+    total_time_ms = models.FloatField()
+    max_time_ms = models.FloatField()
+    rows = models.BigIntegerField()
+    shared_blks_hit = models.BigIntegerField()
+    shared_blks_read = models.BigIntegerField()
+    shared_blks_dirtied = models.BigIntegerField()
+    shared_blks_written = models.BigIntegerField()
+
+    class Meta:
+        db_table = "metadata_statement_snapshot"
+
+    @property
+    def mean_time_ms(self) -> float:
+        return self.total_time_ms / self.calls if self.calls else 0.0
+
+
+class StatementBaseline(models.Model):
+    """The cumulative ``pg_stat_statements`` counters a database alias showed at its last snapshot.
+
+    Small (one row per statement and alias, updated in place): the next snapshot's deltas are
+    computed against it. The row with ``queryid`` 0 (no real statement has it) records the last
+    snapshot time of the alias itself.
+    """
+
+    database = models.CharField(max_length=32)
+    queryid = models.BigIntegerField()
+    taken_at = models.DateTimeField()
+    query = models.TextField(blank=True, default="")  # as pg_stat_statements shows it: EXPLAIN can prepare it
+    calls = models.BigIntegerField(default=0)
+    total_time_ms = models.FloatField(default=0.0)
+    max_time_ms = models.FloatField(default=0.0)
+    rows = models.BigIntegerField(default=0)
+    shared_blks_hit = models.BigIntegerField(default=0)
+    shared_blks_read = models.BigIntegerField(default=0)
+    shared_blks_dirtied = models.BigIntegerField(default=0)
+    shared_blks_written = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["database", "queryid"], name="one_baseline_per_statement")]
+
+    def __str__(self) -> str:
+        return f"{self.database} {self.queryid}"
+
+
 # table -> RANGE partition column, for the migrations and the partition lifecycle.
 PARTITIONED_TABLES: dict[str, str] = {
     TokenRecord._meta.db_table: "session_created_at",
     Candidate._meta.db_table: "session_created_at",
     RequestLog._meta.db_table: "requested_at",
+    StatementSnapshot._meta.db_table: "taken_at",
 }
 
 
@@ -251,3 +318,40 @@ class CacheStatsSnapshot(models.Model):
     def hit_rate(self) -> float | None:
         total = self.hits + self.misses
         return self.hits / total if total else None
+
+
+class RollupWidth(models.IntegerChoices):
+    MINUTE = 1, "minute"
+    HOUR = 60, "hour"
+
+
+class OpsRollup(models.Model):
+    """One minute (or hour) of one operational series: what the dashboard reads instead of raw rows.
+
+    ``series`` names what was aggregated and ``key`` its label (a drafter, a device queue, a
+    cache tier, a replica, a status class). ``count``, ``total`` and the latency histogram
+    ``buckets`` (counts over the fixed edges of ``specops.ops.histograms``) merge by addition, and
+    ``values`` holds further sums (``*_max`` merge by max, lists element-wise), so minutes add up
+    into hours and hours into any window. Written by ``specops.ops.rollups``; each series is
+    described there.
+    """
+
+    start = models.DateTimeField()  # UTC, truncated to the width
+    width = models.PositiveSmallIntegerField(choices=RollupWidth.choices, default=RollupWidth.MINUTE)
+    series = models.CharField(max_length=24)
+    key = models.CharField(max_length=100, blank=True, default="")
+    count = models.BigIntegerField(default=0)
+    total = models.FloatField(default=0.0)
+    buckets = ArrayField(models.BigIntegerField(), default=list, blank=True)
+    values = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "metadata_ops_rollup"
+        constraints = [
+            models.UniqueConstraint(fields=["width", "series", "key", "start"], name="ops_rollup_one_per_slot"),
+        ]
+        indexes = [models.Index(fields=["width", "start"], name="ops_rollup_by_time")]
+
+    def __str__(self) -> str:
+        return f"{self.series}[{self.key}] {self.start:%Y-%m-%d %H:%M} ({self.get_width_display()})"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# SpecOps local services: PostgreSQL primary + streaming replica, Redis, RabbitMQ.
+# SpecOps local services: PostgreSQL primary + streaming replica, PgBouncer, Redis, RabbitMQ.
 #   scripts/services.sh [up|status]     (default: up; idempotent, safe to run twice)
+# The primary and the replica load pg_stat_statements (one restart when it is first enabled; the
+# extension is created in the app database and in template1, so test databases have it too);
+# PgBouncer pools in transaction mode on its own port in front of the primary.
 # "up" starts or repairs what is missing and prints one line per service; on failure it prints
 # one line "services: <service> could not be started: <reason>" to stderr and exits 1.
 # "status" changes nothing; it exits 1 if any service is not healthy. Needs root (pg_createcluster).
@@ -18,6 +21,12 @@ REDIS_HOST=${SPECOPS_REDIS_HOST:-127.0.0.1}
 REDIS_PORT=${SPECOPS_REDIS_PORT:-6379}
 RABBIT_HOST=${SPECOPS_RABBITMQ_HOST:-127.0.0.1}
 RABBIT_PORT=${SPECOPS_RABBITMQ_PORT:-5672}
+PGB_PORT=${SPECOPS_PGBOUNCER_PORT:-6432}
+PGB_DIR=${SPECOPS_PGBOUNCER_DIR:-/etc/pgbouncer}
+PGB_INI=$PGB_DIR/specops.ini
+PGB_USERS=$PGB_DIR/specops-userlist.txt
+PGB_LOG=/var/log/postgresql/pgbouncer-specops-$PGB_PORT.log
+PGB_PID=/run/postgresql/pgbouncer-specops-$PGB_PORT.pid
 STREAM_GRACE=${SPECOPS_REPLICA_GRACE_S:-15}   # seconds a started replica gets to stream
 REPLAY_WAIT=${SPECOPS_REPLAY_WAIT_S:-20}      # seconds to wait for a probe write to replay
 R_ETC=/etc/postgresql/$PGV/$REPLICA
@@ -40,6 +49,7 @@ q()  { # q SQL...: each SQL runs as its own transaction on the primary
   psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 "${a[@]}"
 }
 qr() { psql -h "$PG_HOST" -p "$REPLICA_PORT" -U postgres -d postgres -XAtq -v ON_ERROR_STOP=1 -c "$1"; }
+qdb() { psql -h "$PG_HOST" -p "$PG_PORT" -U postgres -d "$1" -XAtq -v ON_ERROR_STOP=1 -c "$2"; }  # qdb DB SQL
 pg_ready() { pg_isready -q -h "$PG_HOST" -p "$1"; }
 cluster_status() { pg_lsclusters -h "$PGV" "$1" 2>/dev/null | awk '{print $4}'; }  # online, down,recovery, ...
 is_online() { [[ $(cluster_status "$1") == online* ]]; }
@@ -54,6 +64,25 @@ tcp_open() { timeout 2 bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; }
 redis_ping() { [[ $(redis-cli -h "$REDIS_HOST" -p "$REDIS_PORT" ping 2>/dev/null) == PONG ]]; }
 
 # ---------------------------------------------------------------- PostgreSQL primary
+pg_stat_statements_up() { # the library is loaded (primary_up restarted for it): settings, extension
+  # Utility statements are off: on 15 each is keyed by its text, and every SAVEPOINT name is new.
+  if [[ $(q "show pg_stat_statements.track_utility") != off ]]; then
+    q "alter system set pg_stat_statements.track_utility = off" "select pg_reload_conf()" >/dev/null
+    notes+=", pg_stat_statements.track_utility set off"
+  fi
+  # template1 first: databases created later from it (the app's, the tests') have the extension.
+  local db created=()
+  for db in template1 "$DB_NAME"; do
+    [[ $db == template1 || -n $(q "select 1 from pg_database where datname = '$DB_NAME'") ]] || continue
+    if [[ -z $(qdb "$db" "select 1 from pg_extension where extname = 'pg_stat_statements'") ]]; then
+      out=$(qdb "$db" "create extension if not exists pg_stat_statements" 2>&1) ||
+        die "create extension pg_stat_statements in $db: $(lastline "$out")"
+      created+=("$db")
+    fi
+  done
+  ((${#created[@]} == 0)) || notes+=", pg_stat_statements created in ${created[*]}"
+}
+
 primary_up() {
   SERVICE="postgres primary"
   local did=running notes="" out
@@ -73,17 +102,22 @@ primary_up() {
     fi
   done
   if [[ -n $changed ]]; then q "select pg_reload_conf()" >/dev/null; notes+=", replication rules added to pg_hba.conf"; fi
-  local level senders need=""
-  level=$(q "show wal_level"); senders=$(q "show max_wal_senders")
-  if [[ $level == minimal ]]; then q "alter system set wal_level = replica"; need=1; fi
-  if ((senders < 4)); then q "alter system set max_wal_senders = 10"; need=1; fi
-  if [[ -n $need ]]; then
-    [[ $did == started ]] || die "wal_level=$level max_wal_senders=$senders: set by ALTER SYSTEM, but a restart is needed (pg_ctlcluster $PGV $PG_CLUSTER restart), not done on a running primary"
-    out=$(ctl "$PG_CLUSTER" restart 2>&1) || die "$(lastline "$out")"
-    wait_for 60 pg_ready "$PG_PORT" || die "not back after restart for wal settings"
-    notes+=", restarted for wal_level/max_wal_senders"
+  # Settings that only a restart applies: set them all by ALTER SYSTEM, then restart once.
+  local level senders libs need=()
+  level=$(q "show wal_level"); senders=$(q "show max_wal_senders"); libs=$(q "show shared_preload_libraries")
+  if [[ $level == minimal ]]; then q "alter system set wal_level = replica"; need+=(wal_level); fi
+  if ((senders < 4)); then q "alter system set max_wal_senders = 10"; need+=(max_wal_senders); fi
+  if [[ ",${libs// /}," != *,pg_stat_statements,* ]]; then
+    q "alter system set shared_preload_libraries = '${libs:+${libs// /},}pg_stat_statements'"
+    need+=(shared_preload_libraries)
   fi
-  if [[ -z $(q "select 1 from pg_database where datname = '$DB_NAME'") ]]; then
+  if ((${#need[@]})); then
+    out=$(ctl "$PG_CLUSTER" restart -m fast 2>&1) || die "restart for ${need[*]}: $(start_error "$PG_CLUSTER" "$out")"
+    wait_for 60 pg_ready "$PG_PORT" || die "not back after the restart for ${need[*]}"
+    notes+=", restarted once for ${need[*]}"
+  fi
+  pg_stat_statements_up
+  if [[ -z $(q "select 1 from pg_database where datname = '$DB_NAME'") ]]; then  # from template1: has the extension
     out=$(createdb -h "$PG_HOST" -p "$PG_PORT" -U postgres "$DB_NAME" 2>&1) || die "createdb $DB_NAME: $(lastline "$out")"
     notes+=", database $DB_NAME created"
   else
@@ -100,7 +134,10 @@ replica_configure() { # idempotent; restarts a running replica only if its setti
     echo "port = $REPLICA_PORT"; echo "listen_addresses = '$PG_HOST'"; echo "hot_standby = on"
     for p in max_connections max_worker_processes max_wal_senders max_prepared_transactions max_locks_per_transaction; do
       echo "$p = $(q "show $p")"
-    done)
+    done
+    # pg_stat_statements on the standby too (the extension itself arrives with the WAL).
+    echo "shared_preload_libraries = '$(q "show shared_preload_libraries")'"
+    echo "pg_stat_statements.track_utility = $(q "show pg_stat_statements.track_utility")")
   hba=$(printf '%s\n' "local all all trust" "host all all 127.0.0.1/32 trust" "host all all ::1/128 trust" \
     "local replication all trust" "host replication all 127.0.0.1/32 trust")
   if [[ $(cat "$R_ETC/pg_hba.conf") != "$hba" ]]; then
@@ -185,6 +222,72 @@ replica_up() {
   say "replica: $did${RESUMED:+, replay resumed} and streaming on $PG_HOST:$REPLICA_PORT from :$PG_PORT, replay lsn $REPLAY_LSN"
 }
 
+# ---------------------------------------------------------------- PgBouncer (transaction pooling)
+# Bounded: something else on the port (not speaking the protocol) must not hang the script.
+pgb_admin() { timeout 10 psql -h "$PG_HOST" -p "$PGB_PORT" -U postgres -d pgbouncer -XAtq -c "$1"; }  # its console
+pgb_ready() {
+  [[ $(timeout 10 psql -h "$PG_HOST" -p "$PGB_PORT" -U postgres -d postgres -XAtqc "select 1" 2>/dev/null) == 1 ]]
+}
+pgb_mode() { pgb_admin "show config" 2>/dev/null | awk -F'|' '$1 == "pool_mode" {print $2}'; }
+
+pgbouncer_config() { # the whole ini: every database on the primary, trust auth as on the primary
+  cat <<EOF
+;; written by specops scripts/services.sh (rewritten whenever it differs)
+[databases]
+* = host=$PG_HOST port=$PG_PORT
+
+[pgbouncer]
+listen_addr = $PG_HOST
+listen_port = $PGB_PORT
+unix_socket_dir =
+auth_type = trust
+auth_file = $PGB_USERS
+admin_users = postgres
+stats_users = postgres
+pool_mode = transaction
+max_client_conn = 1000
+default_pool_size = 20
+reserve_pool_size = 5
+ignore_startup_parameters = extra_float_digits
+logfile = $PGB_LOG
+pidfile = $PGB_PID
+EOF
+}
+
+pgbouncer_up() {
+  SERVICE=pgbouncer
+  local did=running notes="" out changed="" ini users='"postgres" ""' mode
+  if ! command -v pgbouncer >/dev/null && [[ ! -x /usr/sbin/pgbouncer ]]; then
+    out=$( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends pgbouncer) 2>&1 9>&-) ||
+      die "not installed, and apt-get install pgbouncer failed: $(lastline "$out")"
+    notes+=", installed (Debian package)"
+  fi
+  ini=$(pgbouncer_config)
+  mkdir -p "$PGB_DIR" /run/postgresql && chown postgres:postgres /run/postgresql
+  if [[ ! -f $PGB_USERS || $(cat "$PGB_USERS") != "$users" ]]; then
+    echo "$users" >"$PGB_USERS"; chown postgres:postgres "$PGB_USERS"; chmod 640 "$PGB_USERS"; changed=1
+  fi
+  if [[ ! -f $PGB_INI || $(cat "$PGB_INI") != "$ini" ]]; then
+    echo "$ini" >"$PGB_INI"; chown postgres:postgres "$PGB_INI"; changed=1
+  fi
+  if tcp_open "$PG_HOST" "$PGB_PORT"; then
+    if [[ -n $changed ]]; then
+      pgb_admin "reload" >/dev/null 2>&1 || die "port $PGB_PORT is open but its admin console refused RELOAD (not this pgbouncer?)"
+      notes+=", configuration reloaded"
+    fi
+  else
+    out=$(runuser -u postgres -- /usr/sbin/pgbouncer -d -q "$PGB_INI" 2>&1 9>&-) ||
+      die "$(lastline "$out" | sed -E 's/^[0-9-]+ [0-9:.]+ [A-Z]+ \[[0-9]+\] //')"
+    did=started
+  fi
+  wait_for 15 pgb_ready ||
+    die "no query through $PG_HOST:$PGB_PORT to :$PG_PORT after 15 s (another program on the port? see $PGB_LOG)"
+  mode=$(pgb_mode)
+  [[ $mode == transaction ]] ||
+    die "the pgbouncer on port $PGB_PORT pools in '${mode:-unknown}' mode, not transaction (another instance? ours reads $PGB_INI)"
+  say "pgbouncer: $did on $PG_HOST:$PGB_PORT, transaction pooling to :$PG_PORT$notes"
+}
+
 # ---------------------------------------------------------------- Redis and RabbitMQ
 redis_up() {
   SERVICE=redis
@@ -222,6 +325,13 @@ status() {
     say "replica: running on :$REPLICA_PORT, in recovery=$rec, receiver=$recv, replay=$pause, replay lsn $lsn"
     [[ $rec == t && $recv == streaming && $pause == not-paused ]] || bad=1
   fi
+  if pgb_ready && [[ $(pgb_mode) == transaction ]]; then
+    say "pgbouncer: running on $PG_HOST:$PGB_PORT, transaction pooling to :$PG_PORT"
+  elif tcp_open "$PG_HOST" "$PGB_PORT"; then say "pgbouncer: port $PGB_PORT open, but no transaction-mode pool answers"; bad=1
+  else say "pgbouncer: down"; bad=1; fi
+  if pg_ready "$PG_PORT" && [[ ,$(q "show shared_preload_libraries" | tr -d ' '), == *,pg_stat_statements,* ]]; then
+    say "pg_stat_statements: loaded on the primary"
+  else say "pg_stat_statements: not loaded on the primary"; bad=1; fi
   if redis_ping; then say "redis: running on $REDIS_HOST:$REDIS_PORT"; else say "redis: down"; bad=1; fi
   if tcp_open "$RABBIT_HOST" "$RABBIT_PORT"; then say "rabbitmq: running on $RABBIT_HOST:$RABBIT_PORT"; else say "rabbitmq: down"; bad=1; fi
   return $bad
@@ -231,7 +341,7 @@ case $MODE in
   up)
     exec 9>/tmp/specops-services.lock
     SERVICE=lock; flock -w 300 9 || die "another scripts/services.sh holds /tmp/specops-services.lock"
-    primary_up; replica_up; redis_up; rabbit_up ;;
+    primary_up; replica_up; pgbouncer_up; redis_up; rabbit_up ;;
   status) status ;;
   *) echo "usage: $0 [up|status]" >&2; exit 2 ;;
 esac

@@ -49,6 +49,7 @@ DATABASES, DATABASE_REPLICAS = database_settings(
     pool_max_size=env.int("DATABASE_POOL_MAX_SIZE", default=8),
     errors=CONFIG_ERRORS,
     # Maintenance that needs a session (advisory locks, CONCURRENTLY) when DATABASE_URL is PgBouncer.
+    direct_url=env.str("DATABASE_DIRECT_URL", default=""),
 )
 DATABASE_ROUTERS = ["metadata.replicas.router.ReplicaRouter"]
 
@@ -97,6 +98,7 @@ MIDDLEWARE = [
     # First after the metrics: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a JSON 413 before any work.
     "specops.middleware.BodySizeLimitMiddleware",
     # Every statement of the request ends with /* specops:view=<url name> */ (pg_stat_statements).
+    "metadata.insights.tagging.SqlTagMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -12,7 +12,7 @@ class SessionSerializer(serializers.ModelSerializer):
     class Meta:
         model = Session
         fields = ("id", "status", "model", "model_version", "drafter", "queue", "prompt", "prompt_tokens",
-                  "params", "token_count", "text", "finish_reason", "error", "stats", "created_at",
+                  "params", "token_count", "text", "finish_reason", "error", "stats", "attempts", "created_at",
                   "started_at", "finished_at", "updated_at")
         read_only_fields = fields
 

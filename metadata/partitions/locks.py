@@ -4,6 +4,11 @@ Maintenance must never queue the application's writers behind an exclusive lock 
 every DDL statement runs under a short ``lock_timeout`` and is retried with backoff; and two
 maintenance runs must never overlap, so each run holds a ``pg_try_advisory_lock`` on a
 connection of its own (closing that connection, or the process dying, releases it).
+
+``DATABASE_URL`` may point at PgBouncer in transaction mode, where no session state survives a
+transaction: the advisory lock and the statements that need a session (``SET lock_timeout`` around
+a ``... CONCURRENTLY``) then go to the ``direct`` alias (``DATABASE_DIRECT_URL``, see
+``session_alias``), each on a connection of their own; ``SET LOCAL`` in a transaction works anywhere.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import psycopg
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
 from psycopg import sql
 
@@ -26,6 +32,7 @@ from metadata.partitions.errors import (
     LockRetriesExhausted,
     MaintenanceLockBusy,
 )
+from specops.database_config import maintenance_alias
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,6 +70,38 @@ def literal(value: object, using: str = DEFAULT_DB_ALIAS) -> str:
     conn = connections[using]
     conn.ensure_connection()
     return sql.Literal(value).as_string(conn.connection)
+
+
+def session_alias(using: str = DEFAULT_DB_ALIAS) -> str:
+    """Where statements that need a session of their own go: ``direct`` for the primary when set."""
+    return maintenance_alias(settings.DATABASES) if using == DEFAULT_DB_ALIAS else using
+
+
+def session_settings(using: str = DEFAULT_DB_ALIAS) -> dict:
+    """Connection settings for session-state statements on ``using``'s database.
+
+    The ``direct`` alias reaches the same database as ``default`` by another route, so its name is
+    always ``default``'s (a test database included, even while it is being migrated).
+    """
+    alias = session_alias(using)
+    params = connections[alias].settings_dict
+    return params if alias == using else {**params, "NAME": connections[using].settings_dict["NAME"]}
+
+
+@contextlib.contextmanager
+def session_connection(using: str = DEFAULT_DB_ALIAS) -> Iterator:
+    """The connection for session-state statements: ``using``'s own, or a fresh, closed-after-use
+    one on the ``direct`` alias (never one that a pool or another caller could share)."""
+    alias = session_alias(using)
+    if alias == using:
+        yield connections[using]
+        return
+    conn = connections.create_connection(alias)
+    conn.settings_dict = session_settings(using)
+    try:
+        yield conn
+    finally:
+        conn.close()
 
 
 def is_lock_timeout(exc: BaseException) -> bool:
@@ -108,12 +147,11 @@ def with_lock_retries(action: Callable[[], T], what: str, using: str = DEFAULT_D
 
 def autocommit_with_lock_retries(statement: str, what: str, using: str = DEFAULT_DB_ALIAS) -> None:
     """Run one statement that refuses a transaction block (``... CONCURRENTLY``), with retries."""
-    conn = connections[using]
-    if conn.in_atomic_block:
+    if connections[using].in_atomic_block:
         raise ConcurrentDDLInTransaction(f"{what} cannot run inside a transaction (it uses CONCURRENTLY)")
 
     def attempt_once() -> None:
-        with conn.cursor() as cursor:
+        with session_connection(using) as conn, conn.cursor() as cursor:
             cursor.execute(f"SET lock_timeout = {lock_timeout_ms()}")
             try:
                 cursor.execute(statement)
@@ -128,9 +166,11 @@ def advisory_lock(key: int, using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
     """Hold ``pg_try_advisory_lock(key)`` for the block, or raise ``MaintenanceLockBusy`` at once.
 
     The lock lives on a dedicated, unpooled connection: a pooled connection handed back with a
-    session lock still held would block every later run.
+    session lock still held would block every later run. For the primary it goes to the
+    ``direct`` alias when one is set: through a transaction pooler the unlock could reach
+    another server session than the lock.
     """
-    params = connections[using].settings_dict
+    params = session_settings(using)
     lock_conn = psycopg.connect(
         dbname=params["NAME"],
         user=params.get("USER") or None,

@@ -23,7 +23,7 @@ from django.utils import timezone
 from metadata.conf import conf
 from metadata.models import Session
 from metadata.partitions.errors import ConcurrentDDLInTransaction
-from metadata.partitions.locks import RECENT_INDEX_LOCK, advisory_lock, literal, quote
+from metadata.partitions.locks import RECENT_INDEX_LOCK, advisory_lock, literal, quote, session_connection
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +130,9 @@ def _concurrently(statement: str, using: str) -> None:
     conflict with, and their waits are for older transactions to end; timing out would only
     leave an INVALID index behind.
     """
-    conn = connections[using]
-    if conn.in_atomic_block:
+    if connections[using].in_atomic_block:
         raise ConcurrentDDLInTransaction("index rotation uses CONCURRENTLY and cannot run inside a transaction")
-    with conn.cursor() as cursor:
+    with session_connection(using) as conn, conn.cursor() as cursor:  # direct, not through PgBouncer
         cursor.execute(statement)
 
 
