@@ -6,7 +6,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
-from metadata.partitions import PARTITION_MAINTENANCE_LOCK, bin_start, catalog, periodic_jobs, register_periodic_tasks
+from metadata.models import PARTITIONED_TABLES
+from metadata.partitions import (
+    PARTITION_MAINTENANCE_LOCK,
+    bin_start,
+    catalog,
+    periodic_jobs,
+    register_periodic_tasks,
+)
 from metadata.tasks import rotate_partitions, rotate_recent_activity_index
 from specops.celery import app
 
@@ -33,7 +40,7 @@ def test_beat_tasks_exist_and_go_to_the_maintenance_queue() -> None:
 
 def test_rotate_task_makes_todays_partitions_and_skips_when_busy(partitioned) -> None:
     result = rotate_partitions()
-    assert result["failed"] == [] and len(result["created"]) == 15  # 3 tables x (today + 4 ahead)
+    assert result["failed"] == [] and len(result["created"]) == 5 * len(PARTITIONED_TABLES)  # today + 4 ahead, per table
     today = bin_start(timezone.now(), catalog.range_partitions("metadata_token")[0].bounds.end
                       - catalog.range_partitions("metadata_token")[0].bounds.start)
     assert catalog.partition_covering("metadata_token", today) is not None

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from metadata.archival import CrashPoint, InjectedCrash, PartitionArchiver
-from metadata.models import ArchivalStep, PartitionArchivalJob
+from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
 from metadata.partitions import PartitionPolicy, PartitionRotation, TimeRange, catalog
 from metadata.partitions.maker import PartitionMaker
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
@@ -85,13 +85,16 @@ def test_dry_run_prints_every_step_and_changes_nothing(busy_layout) -> None:
     assert (f"  archive  metadata_token_p20300103           2030-01-03 00:00 .. 2030-01-04 00:00 UTC "
             f"(resumes job {job.pk} after detached)") in text
     assert "  DEFAULT  205 row(s) now; 0 left after this plan" in text
-    assert lines[-2:] == ["create 17 partition(s), drain 205 row(s) from DEFAULT, archive 15 partition(s), drop 15",
+    tables = len(PARTITIONED_TABLES)  # 5 per table made or archived, + 2 far-ahead token days
+    assert lines[-2:] == [f"create {5 * tables + 2} partition(s), drain 205 row(s) from DEFAULT, "
+                          f"archive {5 * tables} partition(s), drop {5 * tables}",
                           "dry run: nothing changed"]
 
     applied = run("rotate", "--now", day(20).isoformat())
-    assert "created 17 partition(s), drained 205 row(s) from DEFAULT, archived 15, failed 0" in applied
+    assert (f"created {5 * tables + 2} partition(s), drained 205 row(s) from DEFAULT, "
+            f"archived {5 * tables}, failed 0") in applied
     assert row_count("metadata_token_default") == 0
-    assert PartitionArchivalJob.objects.using("default").filter(step=ArchivalStep.DROPPED).count() == 15
+    assert PartitionArchivalJob.objects.using("default").filter(step=ArchivalStep.DROPPED).count() == 5 * tables
 
 
 def test_the_plan_matches_what_the_rotation_then_does(partitioned) -> None:
