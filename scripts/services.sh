@@ -111,6 +111,10 @@ primary_up() {
     q "alter system set shared_preload_libraries = '${libs:+${libs// /},}pg_stat_statements'"
     need+=(shared_preload_libraries)
   fi
+  # Room for every statement of a busy database (the default 5000 evicts while a test suite runs).
+  if (($(q "select coalesce(current_setting('pg_stat_statements.max', true), '0')") < 10000)); then
+    q "alter system set pg_stat_statements.max = 10000"; need+=(pg_stat_statements.max)
+  fi
   if ((${#need[@]})); then
     out=$(ctl "$PG_CLUSTER" restart -m fast 2>&1) || die "restart for ${need[*]}: $(start_error "$PG_CLUSTER" "$out")"
     wait_for 60 pg_ready "$PG_PORT" || die "not back after the restart for ${need[*]}"
