@@ -6,6 +6,7 @@ gives as a list (a ``ValidationError`` raised with a list, not a dict) is left a
 """
 from __future__ import annotations
 
+from rest_framework.exceptions import APIException
 from rest_framework.views import exception_handler as drf_exception_handler
 
 
@@ -15,3 +16,11 @@ def exception_handler(exc, context):
     if response is not None and isinstance(response.data, dict):
         response.data.setdefault("status", response.status_code)
     return response
+
+
+class Conflict(APIException):
+    """409: the request is valid but the resource's state refuses it (``detail`` says which state)."""
+
+    status_code = 409
+    default_detail = "the resource's current state does not allow this."
+    default_code = "conflict"

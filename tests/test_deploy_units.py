@@ -145,7 +145,9 @@ def test_the_maintenance_worker_runs_one_prefork_child_and_there_is_one_beat():
     beats = [name for name, unit in units.items() if " beat " in exec_start(unit)]
     assert beats == ["specops-beat.service"]
     web = exec_start(units["specops-web.service"])
-    assert "gunicorn specops.wsgi:application" in web and "--worker-class gthread" in web
+    # ASGI on uvicorn workers (specops/gunicorn_conf.py): an open stream must not hold a thread
+    assert "gunicorn specops.asgi:application -c specops/gunicorn_conf.py" in web
+    assert "gthread" not in web and "--worker-class" not in web and "--threads" not in web
 
 
 def test_the_example_worker_env_file_sets_the_device_and_the_batch():

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from typing import Any, ClassVar
+
+from django.http import QueryDict
 from rest_framework import serializers
 
 from inference.api.tokenizers import count_tokens
@@ -13,6 +16,67 @@ from inference.engine.drafters import (
 from inference.engine.errors import ConfigError
 from inference.models import ModelRole, ModelVersion, VersionStatus
 
+# Sampling bounds that keep the worker's arithmetic meaningful (the engine's warping is finite for
+# any positive value, but below these a request is greedy in all but name): 0 means greedy.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 5.0
+MIN_TOP_P = 1e-6
+TOP_P_RULE = f"must be greater than 0 (at least {MIN_TOP_P:g}) and at most 1; 1 disables top-p."
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return "null" if value is None else type(value).__name__
+
+
+def _from_form(field: serializers.Field) -> bool:
+    """Whether the body came as form fields (every value a string) rather than JSON."""
+    return isinstance(getattr(field.root, "initial_data", None), QueryDict)
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only: DRF's CharField would turn ``123`` into ``"123"``."""
+
+    default_error_messages: ClassVar[dict[str, str]] = {"type": "must be a string; got {kind}."}
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("type", kind=_json_kind(data))
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON number with an integral value (a string only from a form); never a boolean."""
+
+    default_error_messages: ClassVar[dict[str, str]] = {"type": "must be a valid integer; got {kind}."}
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, (int, float, str)) or (
+                isinstance(data, str) and not _from_form(self)):
+            self.fail("type", kind=_json_kind(data))
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    """A JSON number (a string only from a form); never a boolean, never infinite or NaN."""
+
+    default_error_messages: ClassVar[dict[str, str]] = {"type": "must be a valid number; got {kind}."}
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float, str)) or (
+                isinstance(data, str) and not _from_form(self)):
+            self.fail("type", kind=_json_kind(data))
+        return super().to_internal_value(data)
+
 
 def _drafter_choices() -> list[tuple[str, str]]:
     return [(kind.name, kind.summary) for kind in DRAFTERS.values()]
@@ -20,7 +84,7 @@ def _drafter_choices() -> list[tuple[str, str]]:
 
 def _parameter_field(parameter: DrafterParameter) -> serializers.IntegerField:
     takers = ", ".join(kind.name for kind in DRAFTERS.values() if kind.takes(parameter.name))
-    return serializers.IntegerField(
+    return StrictIntegerField(
         min_value=parameter.minimum, max_value=parameter.maximum, required=False,
         help_text=f"{parameter.help} (drafters {takers}; default {parameter.default}).")
 
@@ -33,17 +97,21 @@ class GenerationRequestSerializer(serializers.Serializer):
     400 naming the parameter and the drafter.
     """
 
-    prompt = serializers.CharField(trim_whitespace=False, max_length=100_000)
-    model = serializers.CharField(required=False, help_text="Model name; default: the active target.")
+    prompt = StrictCharField(trim_whitespace=False, max_length=100_000)
+    model = StrictCharField(required=False, help_text="Model name; default: the active target.")
     drafter = serializers.ChoiceField(
         choices=_drafter_choices(), required=False,
         help_text="Default: draft_model when the model has a draft, else ngram.")
-    max_new_tokens = serializers.IntegerField(min_value=1, max_value=2048, default=64)
-    temperature = serializers.FloatField(min_value=0.0, max_value=5.0, default=0.0)
-    top_k = serializers.IntegerField(min_value=0, default=0)
-    top_p = serializers.FloatField(min_value=0.0, max_value=1.0, default=1.0)
-    seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False)
-    stop = serializers.ListField(child=serializers.CharField(min_length=1, max_length=64, trim_whitespace=False),
+    max_new_tokens = StrictIntegerField(min_value=1, max_value=2048, default=64)
+    temperature = StrictFloatField(
+        min_value=0.0, max_value=MAX_TEMPERATURE, default=0.0,
+        help_text=f"0 for greedy decoding, else from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}.")
+    top_k = StrictIntegerField(min_value=0, max_value=2**31 - 1, default=0, help_text="0 disables top-k.")
+    top_p = StrictFloatField(min_value=MIN_TOP_P, max_value=1.0, default=1.0,
+                             help_text=f"From {MIN_TOP_P:g} to 1; 1 disables top-p.",
+                             error_messages=dict.fromkeys(("min_value", "max_value"), TOP_P_RULE))
+    seed = StrictIntegerField(min_value=0, max_value=2**63 - 1, required=False)
+    stop = serializers.ListField(child=StrictCharField(min_length=1, max_length=64, trim_whitespace=False),
                                  max_length=4, default=list)
 
     def get_fields(self) -> dict[str, serializers.Field]:
@@ -51,9 +119,10 @@ class GenerationRequestSerializer(serializers.Serializer):
         fields.update({parameter.name: _parameter_field(parameter) for parameter in DRAFTER_PARAMETERS})
         return fields
 
-    def validate_top_p(self, value: float) -> float:
-        if value <= 0.0:
-            raise serializers.ValidationError("must be greater than 0 and at most 1.")
+    def validate_temperature(self, value: float) -> float:
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise serializers.ValidationError(
+                f"must be 0 (greedy) or from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; got {value:g}.")
         return value
 
     def validate(self, attrs: dict) -> dict:

@@ -29,8 +29,17 @@ def warp_probs(
 
     Order as in Hugging Face: temperature, then top-k, then top-p (smallest set whose mass
     reaches top_p, always at least the most likely token).
+
+    Finite for any temperature > 0 and top_p > 0: the row's maximum is subtracted before the
+    division (so scores are <= 0 and a tiny temperature sends every other token to -inf, not the
+    maximum to +inf), the work is in float32 at least (float64 when the temperature is below
+    the working type's range), and the most likely token is never dropped, so every row keeps mass 1.
     """
-    scores = logits / params.temperature
+    work = torch.promote_types(logits.dtype, torch.float32)  # half and bfloat16 logits are worked in float32
+    if params.temperature < torch.finfo(work).tiny:
+        work = torch.float64
+    scores = logits.to(work)
+    scores = (scores - scores.amax(dim=-1, keepdim=True)) / params.temperature
     vocab_size = scores.shape[-1]
     if 0 < params.top_k < vocab_size:
         kth_best = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
@@ -40,9 +49,10 @@ def warp_probs(
         sorted_probs = sorted_scores.softmax(dim=-1)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
         drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # the most likely token stays, however small top_p is
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    return scores.softmax(dim=-1)
+    return scores.softmax(dim=-1).to(logits.dtype)
 
 
 def sample_token(

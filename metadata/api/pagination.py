@@ -15,16 +15,21 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
+from django.db.models import Model, Q, QuerySet
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
 CURSOR_PARAM = "cursor"
+NOT_A_CURSOR = "is not a cursor this API issued (use the previous page's `next`)."
+MAX_CURSOR_LENGTH = 1000
 PAGE_SIZE_PARAM = "page_size"
 
 
@@ -71,14 +76,34 @@ def encode_cursor(values: list[Any]) -> str:
 
 
 def decode_cursor(cursor: str, width: int) -> list[Any]:
+    """The values of a cursor this API issued; anything else is a 400 naming ``cursor``."""
     try:
+        if len(cursor) > MAX_CURSOR_LENGTH:
+            raise ValueError("too long")
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         values = json.loads(raw)
-    except ValueError as exc:
-        raise ValidationError({CURSOR_PARAM: "is not a cursor this API issued."}) from exc
-    if not isinstance(values, list) or len(values) != width:
-        raise ValidationError({CURSOR_PARAM: "is not a cursor this API issued."})
-    return [_decode_value(v) for v in values]
+        if not isinstance(values, list) or len(values) != width:
+            raise ValueError(f"not a list of {width} values")
+        return [_decode_value(v) for v in values]
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        # binascii.Error and UnicodeDecodeError are ValueErrors; a forged {"uuid": 5} is a TypeError
+        raise ValidationError({CURSOR_PARAM: [NOT_A_CURSOR]}) from exc
+
+
+def key_value(model: type[Model], column: KeyColumn, value: Any) -> Any:
+    """``value`` as the column's field holds it; a value the column cannot hold is a 400 on ``cursor``."""
+    field = model._meta.pk if column.field == "pk" else model._meta.get_field(column.field)
+    try:
+        if value is None:
+            raise ValueError("keys are NOT NULL")
+        typed = field.to_python(value)
+        if isinstance(field, models.IntegerField) and not -2**63 <= typed < 2**63:
+            raise ValueError("out of range")
+        if isinstance(field, models.FloatField) and math.isnan(typed):  # -inf is a real draft score
+            raise ValueError("not a number")
+    except (DjangoValidationError, ValueError, TypeError, OverflowError) as exc:
+        raise ValidationError({CURSOR_PARAM: [NOT_A_CURSOR]}) from exc
+    return typed
 
 
 class KeysetPagination:
@@ -98,7 +123,9 @@ class KeysetPagination:
         """Return (rows, next cursor or None) for the page after ``cursor``."""
         ordered = queryset.order_by(*(c.order_by for c in self.columns))
         if cursor:
-            ordered = ordered.filter(after_predicate(self.columns, decode_cursor(cursor, len(self.columns))))
+            values = decode_cursor(cursor, len(self.columns))
+            typed = [key_value(queryset.model, c, v) for c, v in zip(self.columns, values)]
+            ordered = ordered.filter(after_predicate(self.columns, typed))
         rows = list(ordered[: size + 1])
         if len(rows) <= size:
             return rows, None
@@ -115,8 +142,8 @@ class KeysetPagination:
         raw = request.query_params.get(PAGE_SIZE_PARAM)
         if raw is None:
             return self.page_size
-        if not raw.isdigit() or not 1 <= int(raw) <= self.max_page_size:
-            raise ValidationError({PAGE_SIZE_PARAM: f"must be an integer from 1 to {self.max_page_size}."})
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= self.max_page_size:  # "²".isdigit()
+            raise ValidationError({PAGE_SIZE_PARAM: [f"must be an integer from 1 to {self.max_page_size}."]})
         return int(raw)
 
     def get_paginated_response(self, data) -> Response:

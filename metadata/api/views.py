@@ -7,7 +7,7 @@ from contextlib import aclosing
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from redis.exceptions import RedisError
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
@@ -26,11 +26,13 @@ from metadata.api.serializers import (
 )
 from metadata.api.tenancy import tenant_of
 from metadata.models import Candidate, Session, TokenRecord
-from metadata.sessions import token_stream
+from metadata.sessions import history, token_stream
 from metadata.sessions.state import get_session_detail, get_session_state
+from specops.api_errors import Conflict
 from specops.async_views import Refused, authorize, run_db
 from specops.conf import conf as project_conf
 from specops.error_views import error_response
+from specops.ops.session_actions import cancel_sessions
 from specops.sse import HEARTBEAT, sse_message, sse_response
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,27 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         page = paginator.paginate_queryset(rows, self.request, view=self)
         return paginator.get_paginated_response(serializer_class(page, many=True).data)
 
+    @extend_schema(request=None, responses={
+        200: SessionSerializer,
+        404: OpenApiResponse(description="No such session in the caller's tenant."),
+        409: OpenApiResponse(description="The session has already ended; `detail` names its status."),
+    })
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel a queued or running session (the caller's tenant's only; another's is a 404).
+
+        A queued session ends at once (its stream gets its ``done``); a running one is ``cancelled``
+        now and its worker stops it at the next step, which ends its stream. A session that has
+        already ended is a 409 naming its status.
+        """
+        session = self.get_object()
+        queued, running = cancel_sessions(Session.objects.filter(pk=session.pk))
+        session.refresh_from_db()
+        if not (queued or running):
+            raise Conflict(f"status: the session is already {session.status}; only a queued or running session "
+                           "can be cancelled.", code="not_cancellable")
+        return Response(self.get_serializer(session).data)
+
     @extend_schema(responses=TokenSerializer(many=True))
     @action(detail=True, pagination_class=TokenPagination, serializer_class=TokenSerializer)
     def tokens(self, request, pk=None):
@@ -79,8 +102,10 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 async def session_stream(request: HttpRequest, pk) -> HttpResponse:
     """Server-sent events of one session: ``tokens`` per verification step, then ``done``.
 
-    An async view (a stream holds no thread). Each event's ``id`` is its Redis entry id; a client
-    that reconnects with ``Last-Event-ID`` resumes after it. A comment (``: heartbeat``) comes
+    An async view (a stream holds no thread). Each ``tokens`` event's ``id`` is its step's entry
+    id (``<step + 1>-0``); a client that reconnects with ``Last-Event-ID`` resumes after it. The
+    committed steps come from the token table first (``metadata.sessions.history``), so a stream
+    opened late or after Redis lost it still has every step once, in order. A comment (``: heartbeat``) comes
     after every ``SPECOPS_STREAM_HEARTBEAT_S`` without an event. The last event is ``done``
     (``{"status": succeeded|failed|cancelled, "finish_reason", "error"}``, also when the session
     ended without its worker saying so) or ``timeout`` after ``SPECOPS_STREAM_IDLE_LIMIT_S``
@@ -101,8 +126,9 @@ async def session_stream(request: HttpRequest, pk) -> HttpResponse:
 
 async def _session_events(pk, after: str) -> AsyncIterator[str]:
     idle_limit = project_conf.STREAM_IDLE_LIMIT_S
-    items = token_stream.afollow(pk, after, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit,
-                                 ended=lambda: run_db(token_stream.ended_event, pk))
+    items = history.areplay(pk, after, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit,
+                            committed=lambda step: run_db(history.committed_steps, pk, step),
+                            ended=lambda: run_db(token_stream.ended_event, pk))
     try:
         async with aclosing(items):
             async for item in items:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.api.openai.errors import OpenAIError, bad_param, unsupported
+from inference.api.serializers import MIN_TEMPERATURE, MIN_TOP_P
 
 COMPLETION = "completion"
 CHAT = "chat"
@@ -20,6 +21,7 @@ CHAT = "chat"
 # default (GenerationRequestSerializer's max_new_tokens).
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 MAX_STOP_SEQUENCES = 4
+MAX_TEMPERATURE = 2.0  # OpenAI's range
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -151,7 +153,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     max_tokens, max_tokens_param = _max_tokens(body, kind)
     common = {
         "kind": kind, "model": model, "max_tokens": max_tokens, "max_tokens_param": max_tokens_param,
-        "temperature": _number(body, "temperature", 1.0, 0.0, 2.0), "top_p": _top_p(body),
+        "temperature": _temperature(body), "top_p": _top_p(body),
         "seed": _optional(body, "seed", int), "stop": _stop(body.get("stop")), "top_k": _optional(body, "top_k", int),
         "drafter": _optional(body, "drafter", str), "stream": stream, "include_usage": include_usage,
     }
@@ -177,14 +179,30 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise bad_param(name, f"'{name}' must be a number.", code="invalid_type")
     if not low <= value <= high:
-        raise bad_param(name, f"'{name}' must be between {low:g} and {high:g}; got {value:g}.")
+        raise bad_param(name, f"'{name}' must be between {low:g} and {high:g}; got {_show(value)}.")
     return float(value)
+
+
+def _show(value: float) -> str:
+    """A number for a message (an int too large for a float is shown by its size)."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value:g}"
+
+
+def _temperature(body: dict) -> float:
+    value = _number(body, "temperature", 1.0, 0.0, MAX_TEMPERATURE)
+    if 0.0 < value < MIN_TEMPERATURE:
+        raise bad_param("temperature", f"'temperature' must be 0 (greedy) or from {MIN_TEMPERATURE:g} to "
+                        f"{MAX_TEMPERATURE:g}; got {value:g}.")
+    return value
 
 
 def _top_p(body: dict) -> float:
     value = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if value <= 0.0:
-        raise bad_param("top_p", "'top_p' must be greater than 0 and at most 1.")
+    if value < MIN_TOP_P:
+        raise bad_param("top_p", f"'top_p' must be greater than 0 (at least {MIN_TOP_P:g}) and at most 1; "
+                        f"got {value:g}.")
     return value
 
 

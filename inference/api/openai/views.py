@@ -43,7 +43,7 @@ from inference.conf import conf
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from inference.submission import QueueUnavailable, submit_generation
 from metadata.models import SessionStatus
-from metadata.sessions import token_stream
+from metadata.sessions import history, token_stream
 from specops.async_views import Caller, Refused, authorize, run_db
 from specops.conf import conf as project_conf
 from specops.parsers import BodyNotJSON, loads_json
@@ -177,9 +177,12 @@ async def _generate(request: HttpRequest, kind: str):
 
 
 def _follow(submission: Submission, idle_limit_s: float) -> AsyncIterator[token_stream.StreamEntry | str]:
-    return token_stream.afollow(
-        submission.session_id, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit_s,
-        ended=lambda: run_db(token_stream.ended_event, submission.session_id))
+    """The session's steps once each: committed ones from the token table, then live ones."""
+    session_id = submission.session_id
+    return history.areplay(
+        session_id, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit_s,
+        committed=lambda step: run_db(history.committed_steps, session_id, step),
+        ended=lambda: run_db(token_stream.ended_event, session_id))
 
 
 def _failure(done: dict, session_id: str) -> OpenAIError | None:
