@@ -23,6 +23,7 @@ from typing import TypeVar
 import psycopg
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connections, transaction
+from django.db.utils import load_backend
 from psycopg import sql
 
 from metadata.conf import conf
@@ -96,8 +97,9 @@ def session_connection(using: str = DEFAULT_DB_ALIAS) -> Iterator:
     if alias == using:
         yield connections[using]
         return
-    conn = connections.create_connection(alias)
-    conn.settings_dict = session_settings(using)
+    params = session_settings(using)
+    # A wrapper of its own, under a name of its own: not the alias's thread-local connection.
+    conn = load_backend(params["ENGINE"]).DatabaseWrapper(params, f"{alias}-session")
     try:
         yield conn
     finally:

@@ -7,7 +7,12 @@ import pytest
 from django.db import ProgrammingError, connection
 
 from metadata.models import Session, SessionStatus, Tenant
-from metadata.partitions import RecentIndexPolicy, existing_indexes, recent_sessions, rotate_recent_index
+from metadata.partitions import (
+    RecentIndexPolicy,
+    existing_indexes,
+    recent_sessions,
+    rotate_recent_index,
+)
 
 NOW = dt.datetime(2030, 6, 1, 12, 0, tzinfo=dt.timezone.utc)
 POLICY = RecentIndexPolicy(window=dt.timedelta(minutes=30), rotate_every=dt.timedelta(minutes=10))

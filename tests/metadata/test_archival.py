@@ -19,7 +19,12 @@ from metadata.archival import (
     table_checksum,
 )
 from metadata.models import ArchivalStep, PartitionArchivalJob
-from metadata.partitions import PartitionOverlapError, PartitionPolicy, PartitionRotation, catalog
+from metadata.partitions import (
+    PartitionOverlapError,
+    PartitionPolicy,
+    PartitionRotation,
+    catalog,
+)
 from tests.metadata.partition_helpers import day, insert_tokens, row_count, token_keys
 
 ONLY_TOKENS = {"metadata_token": "session_created_at"}
