@@ -1,7 +1,14 @@
-"""Register model directories as ModelVersions (idempotent), and the demo pair."""
+"""Register model directories as ModelVersions (idempotent), and the demo pair.
+
+The demo pair comes in two versions: `quick-<seed>`, built in seconds so that a first run
+serves at once, and `seed<seed>`, the full pair that trains in the background and replaces
+it (`register_demo_pair` decides which is promoted). `pending_build` tells the API that a
+requested model is still being built (a 503 with Retry-After, not a 404 nor a hang).
+"""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django.db import transaction
 from transformers import AutoConfig
@@ -15,6 +22,23 @@ from inference.engine.loading import (
 from inference.models import ModelRole, ModelVersion, VersionStatus
 
 DEMO_NAME = "demo"
+QUICK_PREFIX = "quick-"
+
+
+def quick_version(seed: int) -> str:
+    """The version of the quick demo pair: `quick-0`."""
+    return f"{QUICK_PREFIX}{seed}"
+
+
+def full_version(seed: int) -> str:
+    """The version of the full demo pair: `seed0` (what `build_demo_models` always registered)."""
+    return f"seed{seed}"
+
+
+def split_model_id(model: str) -> tuple[str, str | None]:
+    """`demo:seed0` -> ("demo", "seed0"); `demo` -> ("demo", None): how a request names a version."""
+    name, colon, version = model.partition(":")
+    return (name, version) if colon and version else (name, None)
 
 
 class RegistrationError(Exception):
@@ -72,3 +96,70 @@ def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | N
         draft = register_version(name, version, ModelRole.DRAFT, draft_dir, device, promote=promote)
     return register_version(name, version, ModelRole.TARGET, target_dir, device, default_draft=draft,
                             promote=promote)
+
+
+def _active_demo_target(name: str) -> ModelVersion | None:
+    return ModelVersion.objects.filter(name=name, role=ModelRole.TARGET, status=VersionStatus.ACTIVE).first()
+
+
+def register_demo_pair(version: str, target_dir: Path, draft_dir: Path, device: str = "cpu",
+                       name: str = DEMO_NAME) -> tuple[ModelVersion, bool]:
+    """Register a demo pair and promote it when it should serve; return (target, promoted).
+
+    A quick pair is promoted only when no `name` target is active (a later `make run` must not
+    demote the full pair); the full pair when none is, or when the active one is a quick pair
+    (it never replaces a version an operator chose). Promotion is the ordinary one: the
+    `model_promoted` signal, after commit, invalidates the replaced versions' cached predictions.
+    """
+    with transaction.atomic():
+        target = register_pair(name, version, target_dir, draft_dir, device=device, promote=False)
+        active = _active_demo_target(name)
+        quick = version.startswith(QUICK_PREFIX)
+        if active is not None and active.pk == target.pk:
+            return target, False
+        if active is None or (not quick and active.version.startswith(QUICK_PREFIX)):
+            if target.default_draft is not None:
+                target.default_draft.promote()
+            target.promote()
+            return target, True
+    return target, False
+
+
+def pending_build(model: str, version: str | None = None) -> dict[str, Any] | None:
+    """Whether a request for `model` must wait for a build: a dict for a 503, else None.
+
+    `model` is a name (`demo`) or a name and version (`demo:seed0`). None when the model is
+    active (serve it) or no build of it is under way (unknown: a 404). Otherwise the build's
+    progress (see `inference.demo.progress`) plus `retry_after_s` (for the Retry-After header:
+    the build's ETA, between 5 s and 5 min) and `message` (one sentence naming the model).
+    A plain name is pending only while it has no active target at all (e.g. `demo` while the
+    quick pair builds); a name with a version, until that version is active.
+    """
+    from inference.demo.progress import BUILDING, STALLED, build_record, build_records
+
+    name, named_version = split_model_id(model)
+    version = version or named_version
+    active = ModelVersion.objects.filter(name=name, role=ModelRole.TARGET, status=VersionStatus.ACTIVE)
+    if version is not None:
+        active = active.filter(version=version)
+    if active.exists():
+        return None
+    if version is not None:
+        record = build_record(name, version)
+        records = [record] if record is not None else []
+    else:
+        records = build_records(name)
+    running = [r for r in records if r["state"] in (BUILDING, STALLED)]
+    if not running:
+        return None
+    record = running[0]
+    eta = record.get("eta_s")
+    retry_after = int(min(300, max(5, eta if eta is not None else 30)))
+    where = f"{record['phase']} {record['step']}/{record['total']}" if record["phase"] else "starting"
+    wait = f"about {round(eta / 60)} min" if eta is not None and eta >= 90 else f"{retry_after} s"
+    record.update(
+        model=f"{name}:{record['version']}", retry_after_s=retry_after,
+        message=(f"model '{model}' is still being built ({name}:{record['version']}: {where}); "
+                 f"try again in {wait}."),
+    )
+    return record

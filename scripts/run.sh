@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Start SpecOps locally: migrate, first operator, demo models, then web + workers + beat.
-# Ctrl-C stops all of them. Called by `make run` after install and services.
+# Start SpecOps locally: migrate, first operator, then web + workers + beat, while the demo models
+# build in the background: a quick pair serves within a minute, the full pair replaces it when
+# trained (progress here and on the admin dashboard). Ctrl-C stops all of them (the build resumes
+# next time). Called by `make run` after install and services.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -17,17 +19,12 @@ fi
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/prometheus}
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-$PY manage.py migrate --no-input -v0
-$PY manage.py collectstatic --no-input -v0
-$PY manage.py create_operator
-$PY manage.py build_demo_models
-$PY manage.py partitions schedule
-
-pids=()
+pids=()    # the platform: any of them exiting stops everything
+build=()   # the demo build: it ends on its own when the full pair is in
 stop() {
   trap - INT TERM EXIT
   echo; echo "stopping SpecOps..."
-  kill -TERM "${pids[@]}" 2>/dev/null || true
+  kill -TERM "${pids[@]}" "${build[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
 }
 trap 'stop; exit 0' INT TERM
@@ -40,10 +37,29 @@ start() {  # start NAME CMD...: run in the background, log to var/log/NAME.log
   echo "started $name (pid $!, log var/log/$name.log)"
 }
 
+# One process migrates, collects static files, creates the first operator (its credentials are
+# printed once) and schedules the partition jobs, then writes var/prepared and goes on in the
+# background with the demo models: the quick pair (demo:quick-N), built in well under a minute
+# and promoted when nothing else serves, then the full pair (demo:seedN), trained at a lower
+# priority and promoted over it. OMP_WAIT_POLICY=PASSIVE: torch's threads sleep instead of
+# spinning while they wait for each other, which on a busy machine made two threads slower than
+# one (measured: a training step 14 s spinning, 8 s passive; about the same when idle). Progress lines
+# come here; errors and tqdm bars go to var/log/demo-build.log.
+rm -f var/prepared var/serving
+OMP_WAIT_POLICY=PASSIVE $PY manage.py prepare_run --ready-file var/prepared --then-build-demo-models \
+  --serving-file var/serving 2>var/log/demo-build.log &
+build+=($!)
+# Counting GPUs imports torch: only on a host with NVIDIA devices.
+gpus=0
+if compgen -G "/dev/nvidia[0-9]*" >/dev/null; then
+  gpus=$($PY -c "from specops.celery import visible_gpu_count; print(visible_gpu_count())")
+fi
+
+# The web and the model workers start meanwhile (their imports take most of a first minute; they
+# touch no table until a request comes, and the credentials to make one are printed after migrate).
 # ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
 start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
   --workers "${WEB_WORKERS:-2}"
-gpus=$($PY -c "from specops.celery import visible_gpu_count; print(visible_gpu_count())")
 # One process per device, one batching loop in it: each thread of the pool hands it a session.
 SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu --pool threads \
   --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n cpu@%h -l INFO
@@ -51,19 +67,47 @@ for ((i = 0; i < gpus; i++)); do
   SPECOPS_WORKER_DEVICE=cuda:$i start "worker-gpu$i" .venv/bin/celery -A specops worker -Q "gpu.$i" --pool threads \
     --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n "gpu$i@%h" -l INFO
 done
-start worker-maintenance .venv/bin/celery -A specops worker -Q maintenance -n maintenance@%h --concurrency 1 -l INFO
-start beat .venv/bin/celery -A specops beat -l INFO --scheduler django_celery_beat.schedulers:DatabaseScheduler \
-  --pidfile var/celerybeat.pid
 
+alive() {  # exit 1 when a platform process has died
+  for pid in "${pids[@]}"; do
+    kill -0 "$pid" 2>/dev/null || { echo "a SpecOps process exited on its own; stopping the others (see var/log/)" >&2; exit 1; }
+  done
+}
+until [[ -e var/prepared ]]; do
+  if ! kill -0 "${build[0]}" 2>/dev/null; then
+    echo "preparing the database failed (migrate, create_operator or partitions schedule):" >&2
+    tail -n 5 var/log/demo-build.log >&2
+    exit 1
+  fi
+  alive
+  sleep 0.2
+done
+echo "database ready; the demo models build on (pid ${build[0]}, log var/log/demo-build.log)"
 cat <<TXT
 
 SpecOps is running ($gpus GPU queue(s) + cpu + maintenance):
   API       http://$HOST:$PORT/api/v1/        (docs: http://$HOST:$PORT/api/docs/)
+  OpenAI    http://$HOST:$PORT/v1/            (model "demo")
   Admin     http://$HOST:$PORT/admin/          (operator credentials: printed above on first run)
   Metrics   http://$HOST:$PORT/metrics
   API token: $PY manage.py drf_create_token operator
+Model "demo": the quick pair answers as soon as "demo build demo:quick-0 done" shows below; the
+full pair trains in the background ("demo build demo:seed0 ..." lines, the admin dashboard) and
+replaces it when done.
 Ctrl-C stops everything.
 TXT
+# Maintenance and beat are background work (they need the migrated tables): they start once a demo
+# pair serves (or after 2 minutes), at a lower priority, so as not to slow a small machine's first
+# minute.
+for ((waited = 0; waited < 600; waited++)); do
+  [[ -e var/serving ]] && break
+  alive
+  sleep 0.2
+done
+start worker-maintenance nice -n 10 .venv/bin/celery -A specops worker -Q maintenance -n maintenance@%h \
+  --concurrency 1 -l INFO
+start beat nice -n 10 .venv/bin/celery -A specops beat -l INFO \
+  --scheduler django_celery_beat.schedulers:DatabaseScheduler --pidfile var/celerybeat.pid
 wait -n "${pids[@]}" || true
 echo "a SpecOps process exited on its own; stopping the others (see var/log/)" >&2
 exit 1

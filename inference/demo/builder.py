@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm.auto import tqdm
@@ -54,6 +54,8 @@ from inference.demo.training import (
 from inference.engine.loading import load_causal_lm
 
 __all__ = [
+    "PHASES",
+    "BuildObserver",
     "DemoBuildConfig",
     "DemoBuildError",
     "DemoModels",
@@ -64,6 +66,20 @@ __all__ = [
 BUILD_RECIPE_VERSION = 1
 TARGET_DIR, DRAFT_DIR = "demo-target", "demo-draft"
 PROMPTS_FILE, MARKER = "heldout_prompts.json", "build.json"
+#: The phases of a build, in order (the keys of `metrics["phase_seconds"]`).
+PHASES = ("tokenizer_and_data", "train_target", "target_greedy_text", "distil_draft",
+          "save_and_evaluate")
+
+
+class BuildObserver(Protocol):
+    """Told where a build is, for a progress record (the Django command's `BuildProgress`)."""
+
+    def phase_started(self, phase: str, total: int) -> None:
+        """`phase` (one of PHASES) begins; it has `total` steps (1 when it is not counted)."""
+
+    def step_done(self, done: int) -> None:
+        """`done` of the current phase's steps are finished (the first call of a resumed phase
+        already counts the steps done before the interruption)."""
 
 
 class DemoBuildError(Exception):
@@ -110,6 +126,9 @@ class DemoBuildConfig:
     prompt_count: int = 32
     prompt_tokens: int = 96
     eval_new_tokens: int = 64
+    # Fields added after the first recipe: hashed only when set, so finished builds stay valid.
+    corpus_spread: bool = False  # take max_corpus_chars from files spread over the library
+    target_budget_s: float | None = None  # stop training the target after this long (quick pair)
 
     @classmethod
     def quick(cls, seed: int = 0) -> DemoBuildConfig:
@@ -136,9 +155,50 @@ class DemoBuildConfig:
             eval_new_tokens=16,
         )
 
+    @classmethod
+    def starter(cls, seed: int = 0) -> DemoBuildConfig:
+        """The quick pair `make run` serves first: built in well under a minute on a busy machine.
+
+        The target trains for at most 400 steps or 15 s, whichever comes first (the only
+        time-bounded phase: on a loaded machine a step count alone could take minutes), on a
+        slice of the library spread over many packages. Its text is Python-flavoured noise
+        (keywords, `self.`, indentation), not code: the full pair replaces it when trained.
+        """
+        return cls(
+            seed=seed,
+            vocab_size=1024,
+            context_length=256,
+            tokenizer_sample_chars=400_000,
+            max_corpus_chars=400_000,
+            corpus_spread=True,
+            target_budget_s=15.0,
+            target=ModelShape(layers=2, hidden=96, heads=4, kv_heads=2, intermediate=192,
+                              context_length=256),
+            draft=ModelShape(layers=1, hidden=96, heads=4, kv_heads=2, intermediate=192,
+                             context_length=256),
+            target_optim=OptimConfig(steps=400, batch_size=8, seq_len=64, lr=1e-2,
+                                     warmup_steps=10, checkpoint_every=50),
+            greedy_sequences=8,
+            greedy_prompt_tokens=16,
+            greedy_new_tokens=32,
+            draft_optim=OptimConfig(steps=20, batch_size=8, seq_len=48, lr=5e-3, warmup_steps=2,
+                                    checkpoint_every=20),
+            prompt_count=4,
+            prompt_tokens=32,
+            eval_new_tokens=16,
+        )
+
     def digest(self) -> str:
-        payload = json.dumps({"recipe": BUILD_RECIPE_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if fields[name] == default:
+                del fields[name]
+        payload = json.dumps({"recipe": BUILD_RECIPE_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+#: Fields added after BUILD_RECIPE_VERSION 1, with the value that means "as before".
+_LATER_FIELDS = {"corpus_spread": False, "target_budget_s": None}
 
 
 @dataclass(frozen=True)
@@ -204,6 +264,8 @@ def _data(work: Path, config: DemoBuildConfig, tokenizer: PreTrainedTokenizerBas
     if stream_path.is_file() and prompts_path.is_file():
         return torch.load(stream_path, weights_only=True)
     train, heldout = corpus.split_heldout(corpus.stdlib_source_files(), config.heldout_fraction)
+    if config.corpus_spread and config.max_corpus_chars is not None:
+        train = corpus.spread_files(train, config.max_corpus_chars)
     texts = list(corpus.iter_texts(train, max_chars=config.max_corpus_chars))
     stream = encode_stream(tokenizer, texts, progress=progress)
     prompts = heldout_prompts(heldout, tokenizer, config.prompt_count, config.prompt_tokens,
@@ -271,39 +333,63 @@ def _evaluate(root: Path, config: DemoBuildConfig) -> dict[str, Any]:
     return metrics
 
 
+class _Silent:
+    """The observer of a build nobody watches."""
+
+    def phase_started(self, phase: str, total: int) -> None:
+        pass
+
+    def step_done(self, done: int) -> None:
+        pass
+
+
 def _run_phases(root: Path, config: DemoBuildConfig, progress: bool,
-                cache_dir: Path | None) -> dict[str, Any]:
+                cache_dir: Path | None, observer: BuildObserver) -> dict[str, Any]:
     """Run (or skip, when already done) each phase in order; return the evaluation metrics."""
     work = _prepare_workdir(root, config)
     seconds: dict[str, float] = {}
     bar = tqdm(total=5, desc="demo build", unit="phase", disable=not progress)
+    totals = dict(zip(PHASES, (1, config.target_optim.steps, config.greedy_sequences,
+                               config.draft_optim.steps, 1)))
+
+    def begin(name: str) -> float:
+        observer.phase_started(name, totals[name])
+        return time.monotonic()
 
     def timed(name: str, started: float) -> None:
         seconds[name] = round(time.monotonic() - started, 1)
+        if totals[name] == 1:
+            observer.step_done(1)
         bar.update(1)
 
-    started = time.monotonic()
+    step = observer.step_done
+    started = begin("tokenizer_and_data")
     tokenizer = _tokenizer(work, config, cache_dir)
     stream = _data(work, config, tokenizer, progress)
     timed("tokenizer_and_data", started)
-    started = time.monotonic()
+    started = begin("train_target")
+    deadline = None if config.target_budget_s is None else started + config.target_budget_s
     target = _trained_model(work, "target", config.target, config, tokenizer,
                             lambda model, ckpt: train_language_model(
-                                model, stream, config.target_optim, config.seed, ckpt, progress))
+                                model, stream, config.target_optim, config.seed, ckpt, progress,
+                                on_step=step,
+                                should_stop=None if deadline is None else lambda: time.monotonic() >= deadline))
     timed("train_target", started)
-    started = time.monotonic()
+    started = begin("target_greedy_text")
     greedy_rows = generate_greedy_rows(target, stream, config.greedy_sequences,
                                        config.greedy_prompt_tokens, config.greedy_new_tokens,
-                                       config.seed, work / "greedy.pt", progress=progress)
+                                       config.seed, work / "greedy.pt", progress=progress,
+                                       on_step=step)
     timed("target_greedy_text", started)
-    started = time.monotonic()
+    started = begin("distil_draft")
     _trained_model(work, "draft", config.draft, config, tokenizer,
                    lambda model, ckpt: distil_draft(model, target, stream, greedy_rows,
                                                     config.draft_optim, config.seed, ckpt,
-                                                    config.greedy_fraction, progress),
+                                                    config.greedy_fraction, progress,
+                                                    on_step=step),
                    init_from=target if config.draft_from_target else None)
     timed("distil_draft", started)
-    started = time.monotonic()
+    started = begin("save_and_evaluate")
     for name, final in (("target", TARGET_DIR), ("draft", DRAFT_DIR)):
         _replace_dir(work / name, root / final)
     shutil.copyfile(work / PROMPTS_FILE, root / PROMPTS_FILE)
@@ -319,11 +405,15 @@ def build_demo_models(
     config: DemoBuildConfig | None = None,
     progress: bool = True,
     cache_dir: Path | None = None,
+    threads: int | None = None,
+    observer: BuildObserver | None = None,
 ) -> DemoModels:
     """Build (or resume, or reuse) the demo pair under `out_dir`; see the module docstring.
 
     `cache_dir` (the Django command passes SPECOPS_CACHE_DIR) keeps the trained tokenizer for the
-    next build of the same vocabulary; None trains it inside the build.
+    next build of the same vocabulary; None trains it inside the build. `threads` caps torch's
+    threads (None: every core this process may use); on a busy machine one thread is much
+    faster than two that wait on each other. `observer` is told each phase and step.
     """
     config = config or DemoBuildConfig()
     root = Path(out_dir)
@@ -334,12 +424,12 @@ def build_demo_models(
         return _outputs(root, marker.get("metrics", {}))
     started = time.monotonic()
     (root / MARKER).unlink(missing_ok=True)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     try:
-        metrics = _run_phases(root, config, progress, cache_dir)
+        metrics = _run_phases(root, config, progress, cache_dir, observer or _Silent())
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(previous_threads)
     metrics["build_seconds"] = round(time.monotonic() - started, 1)
     record = {"config_hash": config.digest(), "config": asdict(config), "metrics": metrics}
     staging = root / f".{MARKER}.tmp"

@@ -112,6 +112,19 @@ def iter_texts(files: Sequence[SourceFile], max_chars: int | None = None) -> Ite
         yield text
 
 
+def spread_files(files: Sequence[SourceFile], max_chars: int) -> list[SourceFile]:
+    """Pick files evenly spaced over `files` until about `max_chars` characters, in order.
+
+    A small slice taken from the start of the sorted list is a few modules (`_pydecimal`,
+    `_pydatetime`); spread out, the same size sees many packages and styles.
+    """
+    sizes = [source.path.stat().st_size for source in files]
+    average = max(1, sum(sizes) // max(1, len(files)))
+    wanted = max(1, min(len(files), max_chars // average + 1))
+    stride = len(files) / wanted
+    return [files[int(index * stride)] for index in range(wanted)]
+
+
 def sample_texts(max_chars: int, root: Path | None = None) -> list[str]:
     """Return a small deterministic sample of stdlib source: evenly spaced files, capped in size.
 

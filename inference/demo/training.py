@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 StepCallback = Callable[[int], None]
+StopCheck = Callable[[], bool]
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,13 @@ def _optimise(
     desc: str,
     progress: bool,
     on_step: StepCallback | None,
+    should_stop: StopCheck | None = None,
 ) -> None:
-    """Run the steps not yet done, checkpointing every `checkpoint_every` steps and at the end."""
+    """Run the steps not yet done, checkpointing every `checkpoint_every` steps and at the end.
+
+    `should_stop()`, asked after each step, ends the training early (a time budget): the model
+    is then as trained so far, and the last step is checkpointed like a final one.
+    """
     optimizer = make_optimizer(model, config)
     start = load_checkpoint(checkpoint, model, optimizer)
     model.train()
@@ -141,10 +147,13 @@ def _optimise(
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}")
         done = step + 1
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        stop = should_stop is not None and done < config.steps and should_stop()
+        if done % config.checkpoint_every == 0 or done == config.steps or stop:
             save_checkpoint(checkpoint, model, optimizer, done)
         if on_step is not None:
             on_step(done)
+        if stop:
+            break
     bar.close()
     model.eval()
 
@@ -157,6 +166,7 @@ def train_language_model(
     checkpoint: Path,
     progress: bool = False,
     on_step: StepCallback | None = None,
+    should_stop: StopCheck | None = None,
 ) -> None:
     """Train next-token prediction on random windows of the corpus stream."""
 
@@ -165,7 +175,7 @@ def train_language_model(
         logits = model(batch[:, :-1]).logits  # [batch, seq, vocab]
         return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
-    _optimise(model, loss_at, config, checkpoint, "train target", progress, on_step)
+    _optimise(model, loss_at, config, checkpoint, "train target", progress, on_step, should_stop)
 
 
 def distil_draft(
@@ -237,8 +247,11 @@ def generate_greedy_rows(
     path: Path,
     batch_size: int = 32,
     progress: bool = False,
+    on_step: StepCallback | None = None,
 ) -> torch.Tensor:
     """Continue `count` corpus prefixes greedily with the target; resumable batch by batch.
+
+    `on_step` gets the number of sequences done after each batch.
 
     # returns [count, prompt_len + new_tokens] int32
     """
@@ -256,6 +269,8 @@ def generate_greedy_rows(
         torch.save(done, staging)
         os.replace(staging, path)
         bar.update(size)
+        if on_step is not None:
+            on_step(sum(len(rows) for rows in done))
     bar.close()
     return torch.cat(done) if done else torch.empty(0, prompt_len + new_tokens, dtype=torch.int32)
 

@@ -1,0 +1,255 @@
+"""Where a demo build stands: one record per build in Redis, for the terminal, admin and API.
+
+A build (`demo:quick-0`, `demo:seed0`) is a long job in its own process (`manage.py
+build_demo_models`); `BuildProgress` is its `BuildObserver`: it prints a line to the terminal
+at each phase and every few seconds, and keeps a JSON record in the Redis hash `KEY` (field
+`name:version`) with the phase, the step, the total, an ETA and the state. The web process
+reads it back: `demo_build_progress()` for the admin dashboard, `build_record()` for
+`inference.registry.pending_build` (a request for a model still being built is a 503).
+
+The record is a convenience for readers; the build resumes from its own checkpoints, not from it.
+Redis being down loses the record, never the build.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import redis
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+KEY = "specops:demo_builds"
+BUILDING, DONE, FAILED, INTERRUPTED, STALLED = "building", "done", "failed", "interrupted", "stalled"
+#: A build whose record has not moved for this long is shown as stalled (a step of the full
+#: build takes seconds; its slowest un-counted phase, tokenizing the corpus, about a minute).
+STALE_AFTER_S = 600.0
+#: Share of the build's time each phase took on the default config (used only for the overall
+#: ETA: the phases after the current one are estimated from the current one's measured rate).
+PHASE_SHARES = {"tokenizer_and_data": 0.02, "train_target": 0.69, "target_greedy_text": 0.045,
+                "distil_draft": 0.21, "save_and_evaluate": 0.035}
+PHASE_ORDER = tuple(PHASE_SHARES)
+#: Phases that report every step (the others report batches), so a first report past step 1
+#: means the phase resumed from a checkpoint.
+STEPWISE_PHASES = ("train_target", "distil_draft")
+
+
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _field(name: str, version: str) -> str:
+    return f"{name}:{version}"
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "time left unknown"
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s left"
+    return f"about {round(seconds / 60)} min left"
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line: `demo:seed0 building: train_target 120/500 (phase 2/5), about 6 min left`."""
+    head = f"{record['name']}:{record['version']} {record['state']}"
+    if record["state"] == DONE:
+        return f"{head} in {record.get('elapsed_s', 0):.0f} s"
+    if record["state"] in (FAILED, INTERRUPTED):
+        return f"{head}: {record.get('message') or 'see var/log/demo-build.log'}"
+    if not record.get("phase"):
+        return f"{head}: starting"
+    phases = record.get("phases") or PHASE_ORDER
+    where = f"{record['phase']} {record['step']}/{record['total']} (phase {record['phase_index'] + 1}/{len(phases)})"
+    return f"{head}: {where}, {format_duration(record.get('eta_s'))}"
+
+
+class BuildProgress:
+    """Records and prints the progress of one build; pass it to `build_demo_models(observer=)`."""
+
+    def __init__(self, name: str, version: str, *, stream: TextIO | None = sys.stdout,
+                 print_every_s: float = 15.0, write_every_s: float = 2.0,
+                 phase_limits_s: dict[str, float] | None = None,
+                 client: redis.Redis | None = None, clock: Callable[[], float] = time.time) -> None:
+        """`phase_limits_s`: phases with a time budget (the quick pair's target), for the ETA."""
+        self.name, self.version = name, version
+        self.phase_limits_s = phase_limits_s or {}
+        self.stream, self.print_every_s, self.write_every_s = stream, print_every_s, write_every_s
+        self._client, self.clock = client, clock
+        self._printed_at = self._written_at = 0.0
+        self._phase_clock = 0.0
+        self._first_step: int | None = None  # the first step counted by this process in the phase
+        now = clock()
+        self.record: dict[str, Any] = {
+            "name": name, "version": version, "state": BUILDING, "phase": "", "phase_index": -1,
+            "phases": list(PHASE_ORDER), "step": 0, "total": 0, "percent": 0.0, "eta_s": None,
+            "phase_eta_s": None, "started_at": now, "updated_at": now, "elapsed_s": 0.0,
+            "resumed": [], "message": "", "pid": os.getpid(), "host": socket.gethostname(),
+        }
+
+    # BuildObserver
+    def phase_started(self, phase: str, total: int) -> None:
+        self._phase_clock = self.clock()
+        self._first_step = None
+        index = PHASE_ORDER.index(phase) if phase in PHASE_ORDER else -1
+        self.record.update(phase=phase, phase_index=index, step=0, total=total, phase_eta_s=None)
+        self._update(force=True)
+
+    def step_done(self, done: int) -> None:
+        if self._first_step is None:
+            self._first_step = done
+            if done > 1 and self.record["phase"] in STEPWISE_PHASES:  # resumed from a checkpoint
+                self.record["resumed"].append({"phase": self.record["phase"], "step": done - 1})
+        self.record["step"] = done
+        self._update(force=done >= self.record["total"])
+
+    # the job's life
+    def started(self) -> None:
+        self._update(force=True)
+
+    def finished(self, state: str, message: str = "") -> None:
+        now = self.clock()
+        self.record.update(state=state, message=message, updated_at=now,
+                           elapsed_s=round(now - self.record["started_at"], 1),
+                           eta_s=0.0 if state == DONE else None, phase_eta_s=0.0 if state == DONE else None)
+        if state == DONE:
+            self.record["percent"] = 100.0
+        self._write()
+        self._print(force=True)
+
+    def _estimate(self, now: float) -> None:
+        record = self.record
+        total, step = record["total"], record["step"]
+        record["percent"] = round(self._overall_fraction() * 100, 1)
+        counted = 0 if self._first_step is None else step - self._first_step + 1  # by this process
+        elapsed = now - self._phase_clock
+        if total <= 1 or counted <= 0 or elapsed <= 0:  # an un-counted phase: no rate to go by
+            record["phase_eta_s"] = record["eta_s"] = None
+            return
+        per_step = elapsed / counted
+        phase_left = max(0, total - step) * per_step
+        phase_full = total * per_step
+        limit = self.phase_limits_s.get(record["phase"])
+        if limit is not None:
+            phase_left, phase_full = min(phase_left, max(0.0, limit - elapsed)), min(phase_full, limit)
+        share = PHASE_SHARES.get(record["phase"])
+        later = sum(PHASE_SHARES[p] for p in PHASE_ORDER[record["phase_index"] + 1:]) if share else 0.0
+        record["phase_eta_s"] = round(phase_left, 1)
+        record["eta_s"] = round(phase_left + (phase_full * later / share if share else 0.0), 1)
+
+    def _overall_fraction(self) -> float:
+        record = self.record
+        if record["phase"] not in PHASE_SHARES:
+            return 0.0
+        before = sum(PHASE_SHARES[p] for p in PHASE_ORDER[: record["phase_index"]])
+        within = record["step"] / record["total"] if record["total"] else 0.0
+        return min(1.0, before + PHASE_SHARES[record["phase"]] * within)
+
+    def _update(self, force: bool = False) -> None:
+        now = self.clock()
+        self._estimate(now)
+        self.record.update(updated_at=now, elapsed_s=round(now - self.record["started_at"], 1))
+        if force or now - self._written_at >= self.write_every_s:
+            self._write()
+            self._written_at = now
+        self._print(force=force and self.record["step"] == 0)
+
+    def _print(self, force: bool = False) -> None:
+        now = self.clock()
+        if self.stream is None or not (force or now - self._printed_at >= self.print_every_s):
+            return
+        self._printed_at = now
+        self.stream.write(f"demo build {describe(self.record)}\n")
+        self.stream.flush()
+
+    def _write(self) -> None:
+        try:
+            client = self._client or _client()
+            client.hset(KEY, _field(self.name, self.version), json.dumps(self.record))
+        except redis.RedisError as exc:  # the build goes on; only its record is missing
+            logger.warning("could not record demo build progress in Redis: %s", exc)
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    if record.get("host") != socket.gethostname():
+        return True  # another host's process: only the age of the record tells
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, KeyError, TypeError, ValueError):
+        return True
+    return True
+
+
+def _as_read(record: dict[str, Any], now: float) -> dict[str, Any]:
+    """The record with its state as a reader should see it: a dead build's is not 'building'."""
+    record = dict(record)
+    record["age_s"] = round(now - record.get("updated_at", now), 1)
+    if record["state"] == BUILDING:
+        if not _alive(record):
+            record.update(state=INTERRUPTED, message="the build process is gone; `make run` resumes it",
+                          eta_s=None)
+        elif record["age_s"] > STALE_AFTER_S:
+            record["state"] = STALLED
+    return record
+
+
+def build_records(name: str | None = None, client: redis.Redis | None = None) -> list[dict[str, Any]]:
+    """Every recorded build (of `name`), most recently updated first; [] when Redis is down."""
+    try:
+        raw = (client or _client()).hgetall(KEY)
+    except redis.RedisError as exc:
+        logger.warning("could not read demo build progress from Redis: %s", exc)
+        return []
+    now = time.time()
+    records = []
+    for value in raw.values():
+        try:
+            record = json.loads(value)
+        except ValueError:
+            continue
+        if name is None or record.get("name") == name:
+            records.append(_as_read(record, now))
+    return sorted(records, key=lambda r: r.get("updated_at", 0), reverse=True)
+
+
+def build_record(name: str, version: str, client: redis.Redis | None = None) -> dict[str, Any] | None:
+    """The record of one build, as a reader should see it, or None."""
+    try:
+        value = (client or _client()).hget(KEY, _field(name, version))
+    except redis.RedisError as exc:
+        logger.warning("could not read demo build progress from Redis: %s", exc)
+        return None
+    if value is None:
+        return None
+    try:
+        return _as_read(json.loads(value), time.time())
+    except ValueError:
+        return None
+
+
+def demo_build_progress(name: str = "demo") -> dict[str, Any] | None:
+    """The demo build an operator wants to see: the one running, else the latest; None if none.
+
+    A dict with `name`, `version`, `state` (building, done, failed, interrupted, stalled),
+    `phase` (one of `phases`), `phase_index`, `step`/`total` of that phase, `percent` (of the
+    whole build, estimated), `eta_s` (whole build, estimated; None until measured),
+    `phase_eta_s`, `started_at`/`updated_at` (epoch seconds), `elapsed_s`, `age_s` (since the
+    last update), `resumed` (where a killed build picked up), `message` and `line` (one line
+    for humans, as the terminal shows it).
+    """
+    records = build_records(name)
+    if not records:
+        return None
+    running = [r for r in records if r["state"] in (BUILDING, STALLED)]
+    record = running[0] if running else records[0]
+    record["line"] = describe(record)
+    return record
