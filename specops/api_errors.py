@@ -24,3 +24,18 @@ class Conflict(APIException):
     status_code = 409
     default_detail = "the resource's current state does not allow this."
     default_code = "conflict"
+
+
+class ModelBuilding(APIException):
+    """503: the requested model is still being built; ``Retry-After`` says when to ask again.
+
+    DRF's handler sets the header from ``wait`` (as for a throttled request).
+    """
+
+    status_code = 503
+    default_detail = "the requested model is still being built; try again later."
+    default_code = "model_building"
+
+    def __init__(self, detail: str, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.wait = retry_after_s

@@ -231,3 +231,33 @@ def test_prepare_run_migrates_creates_the_operator_and_writes_the_ready_file(db,
     call_command("prepare_run", "--ready-file", str(ready), stdout=open(tmp_path / "out", "w"))
     assert ready.read_text() == "ready\n"
     assert "API token:" in (tmp_path / "out").read_text()
+
+
+def _building_full_pair() -> BuildProgress:
+    progress = BuildProgress(DEMO_NAME, "seed0", stream=None, write_every_s=0)
+    progress.started()
+    progress.phase_started("train_target", 500)
+    progress.step_done(3)
+    return progress
+
+
+def test_both_apis_answer_503_with_retry_after_while_the_demo_model_builds(db, api_client, redis_client,
+                                                                          tiny_model_dirs):
+    progress = _building_full_pair()
+    rest = api_client.post("/api/v1/generations/", {"prompt": "def f():", "model": "demo"}, format="json")
+    assert rest.status_code == 503 and 5 <= int(rest["Retry-After"]) <= 300
+    assert "'demo' is still being built" in rest.json()["detail"]
+    openai = api_client.post("/v1/completions", {"model": "demo", "prompt": "def f():"}, format="json")
+    assert openai.status_code == 503 and openai["Retry-After"] == rest["Retry-After"]
+    assert openai.json()["error"]["code"] == "model_building"
+    assert api_client.get("/v1/models/demo").status_code == 503
+    # Another name is not being built: an ordinary 404 / field error, no waiting.
+    assert api_client.post("/v1/completions", {"model": "nope", "prompt": "x"},
+                           format="json").status_code == 404
+    assert api_client.post("/api/v1/generations/", {"prompt": "x", "model": "nope"},
+                           format="json").status_code == 400
+    # Once the quick pair serves 'demo', requests for it are accepted (the full pair still builds).
+    register_demo_pair(quick_version(0), *tiny_model_dirs)
+    assert api_client.post("/api/v1/generations/", {"prompt": "def f():", "model": "demo"},
+                           format="json").status_code != 503
+    progress.finished(DONE, "promoted")

@@ -15,6 +15,8 @@ from inference.engine.drafters import (
 )
 from inference.engine.errors import ConfigError
 from inference.models import ModelRole, ModelVersion, VersionStatus
+from inference.registry import DEMO_NAME, pending_build
+from specops.api_errors import ModelBuilding
 
 # Sampling bounds that keep the worker's arithmetic meaningful (the engine's warping is finite for
 # any positive value, but below these a request is greedy in all but name): 0 means greedy.
@@ -165,6 +167,9 @@ class GenerationRequestSerializer(serializers.Serializer):
             targets = targets.filter(name=name)
         target = targets.select_related("default_draft").order_by("-promoted_at").first()
         if target is None:
+            building = pending_build(name or DEMO_NAME)
+            if building is not None:  # the first `make run`: the demo pair is still training
+                raise ModelBuilding(building["message"], building["retry_after_s"])
             detail = f"no active target model named '{name}'." if name else "no active target model is registered."
             raise serializers.ValidationError({"model": detail})
         return target

@@ -41,6 +41,7 @@ from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.conf import conf
 from inference.models import ModelRole, ModelVersion, VersionStatus
+from inference.registry import pending_build
 from inference.submission import QueueUnavailable, submit_generation
 from metadata.models import SessionStatus
 from metadata.sessions import history, token_stream
@@ -89,6 +90,11 @@ def _model_object(target: ModelVersion) -> dict:
 
 
 def _model_not_found(name: str) -> OpenAIError:
+    """404, or 503 with Retry-After while the model is still being built (the first `make run`)."""
+    building = pending_build(name)
+    if building is not None:
+        return OpenAIError(503, building["message"], param="model", code="model_building",
+                           headers={"Retry-After": str(building["retry_after_s"])})
     return OpenAIError(404, f"The model '{name}' does not exist or is not active (GET /v1/models lists them).",
                        param="model", code="model_not_found")
 
@@ -106,7 +112,7 @@ async def retrieve_model(request: HttpRequest, model: str) -> JsonResponse:
     await _caller(request)
     targets = await run_db(_active_targets, model)
     if not targets:
-        raise _model_not_found(model)
+        raise await run_db(_model_not_found, model)
     return JsonResponse(_model_object(targets[0]))
 
 
