@@ -134,3 +134,20 @@ def test_cancel_mid_generation_stops_the_worker_and_ends_the_stream(api_client, 
     streamed = sum(len(data["token_ids"]) for _, event, data in events if event == "tokens")
     assert streamed == body["token_count"]
     assert cancel(api_client, session_id).status_code == 409
+
+
+def test_a_cancel_that_races_the_last_step_wins_and_the_session_ends_once(api_client, tenant, tiny_model):
+    from inference.worker.recording import finish_session
+
+    session = make_session(tenant, tiny_model, status="running")
+    assert cancel(api_client, session.pk).status_code == 200
+    # The worker's last step had already produced the whole answer: it writes its end now.
+    assert finish_session(session, "succeeded", finish_reason="length", token_ids=[5, 6], text="ab", next_step=1)
+    session.refresh_from_db()
+    assert (session.status, session.finish_reason, session.token_count, session.text) == ("cancelled", "cancelled", 2, "ab")
+    assert session.finished_at is not None
+    # A second end (a retried task, the reconciler) changes nothing and publishes nothing.
+    assert not finish_session(session, "failed", error="late")
+    session.refresh_from_db()
+    assert (session.status, session.error) == ("cancelled", "")
+    assert [(event, data["status"]) for _, event, data in stream_events(session.pk)] == [("done", "cancelled")]

@@ -208,3 +208,19 @@ def test_the_openai_reply_has_every_step_though_redis_lost_some(live_web, tiny_m
         thread.join()
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == sum(len(ids) for ids in STEPS.values())
+
+
+def test_a_resumed_run_republishes_the_steps_a_crashed_run_streamed_but_never_committed(tenant, target):
+    session_id = "00000000-0000-0000-0000-00000000f0a5"
+    token_stream.client().delete(token_stream.stream_key(session_id))
+    for step in range(6):  # the crashed run streamed six steps; only 0..2 were committed
+        assert token_stream.publish(session_id, "tokens", {"step": step, "token_ids": STEPS[step]}, step=step)
+    assert token_stream.forget_after(session_id, 2) == 3
+    # The resumed run publishes step 3 onwards again (the real Redis refuses ids at or below the
+    # stream's last one, which XDEL alone would have left at step 5's).
+    for step in range(3, 6):
+        assert token_stream.publish(session_id, "tokens", {"step": step, "token_ids": STEPS[step]}, step=step)
+    entries = token_stream.client().xrange(token_stream.stream_key(session_id))
+    assert [json.loads(fields[b"data"])["step"] for _, fields in entries] == list(range(6))
+    assert not token_stream.publish(session_id, "tokens", {"step": 4, "token_ids": [1]}, step=4)  # still once
+    token_stream.client().delete(token_stream.stream_key(session_id))

@@ -122,8 +122,10 @@ def finish_session(session: Session, status: str, *, error: str = "", finish_rea
                    stats: dict | None = None, next_step: int | None = None) -> bool:
     """Write the session's outcome once and tell its stream; the cache entry goes after the commit.
 
-    A session that already succeeded or failed is left as it is (returns False, no second
-    final event): a generation ends exactly once. A cancelled one gets its final fields.
+    A session that already ended (succeeded, failed, or cancelled with its end written) is left
+    as it is (returns False, no second final event): a generation ends exactly once. A session
+    cancelled while it ran (status cancelled, no end yet) gets its final fields, and the cancel
+    wins over whatever this run was about to write: the client was told it is cancelled.
     """
     now = timezone.now()
     fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": now,
@@ -131,13 +133,19 @@ def finish_session(session: Session, status: str, *, error: str = "", finish_rea
     if token_ids is not None:
         fields.update(token_count=len(token_ids), text=pg_text(text or ""), stats=stats or {})
     with transaction.atomic():
-        updated = (Session.objects.filter(pk=session.pk)
-                   .exclude(status__in=(SessionStatus.SUCCEEDED, SessionStatus.FAILED)).update(**fields))
+        current = (Session.objects.select_for_update().filter(pk=session.pk)
+                   .values_list("status", "finished_at").first())
+        ended = current is None or current[0] in (SessionStatus.SUCCEEDED, SessionStatus.FAILED) or (
+            current[0] == SessionStatus.CANCELLED and current[1] is not None)
+        if ended:
+            return False
+        if current[0] == SessionStatus.CANCELLED:
+            fields.update(status=SessionStatus.CANCELLED, finish_reason="cancelled", error="")
+        Session.objects.filter(pk=session.pk).update(**fields)
         invalidate_session(session.pk)
-    if updated:
-        token_stream.publish(session.pk, "done", {"status": status, "finish_reason": finish_reason,
-                                                  "error": error}, step=next_step)
-    return bool(updated)
+    token_stream.publish(session.pk, "done", {"status": fields["status"], "finish_reason": fields["finish_reason"],
+                                              "error": fields["error"]}, step=next_step)
+    return True
 
 
 TERMINAL = (SessionStatus.SUCCEEDED, SessionStatus.FAILED, SessionStatus.CANCELLED)

@@ -72,7 +72,12 @@ def forget_after(session_id, step: int) -> int:
     key = stream_key(session_id)
     entries = client().xrange(key, min=f"({step_entry_id(step)}", max="+")
     if entries:
-        client().xdel(key, *[entry_id for entry_id, _ in entries])
+        pipe = client().pipeline()  # MULTI/EXEC: nobody sees the stream between the two
+        pipe.xdel(key, *[entry_id for entry_id, _ in entries])
+        # XDEL leaves the stream's last id where it was, and XADD refuses ids at or below it:
+        # without this the resumed run's steps up to the crashed run's last one would be dropped.
+        pipe.execute_command("XSETID", key, step_entry_id(step))
+        pipe.execute()
     return len(entries)
 
 
