@@ -16,7 +16,10 @@ PG_PORT=${SPECOPS_PG_PORT:-5432}
 PG_CLUSTER=${SPECOPS_PG_CLUSTER:-main}
 REPLICA=${SPECOPS_REPLICA_CLUSTER:-replica}
 REPLICA_PORT=${SPECOPS_REPLICA_PORT:-5433}
-DB_NAME=${SPECOPS_DB_NAME:-specops}
+# The database DATABASE_URL names (postgres://.../NAME?...), else specops: `make run` with a URL of
+# one's own finds its database made.
+url_db=${DATABASE_URL:-}; url_db=${url_db%%\?*}; url_db=${url_db##*/}
+DB_NAME=${SPECOPS_DB_NAME:-${url_db:-specops}}
 REDIS_HOST=${SPECOPS_REDIS_HOST:-127.0.0.1}
 REDIS_PORT=${SPECOPS_REDIS_PORT:-6379}
 RABBIT_HOST=${SPECOPS_RABBITMQ_HOST:-127.0.0.1}
