@@ -10,6 +10,9 @@ it ends. Aggregate tok/s = generated tokens / wall time.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import logging
 import os
 import socket
 import subprocess
@@ -45,7 +48,11 @@ def _register_and_token(model_dir: Path) -> str:
     from inference.registry import register_pair
     from metadata.models import Tenant, TenantMembership
 
-    register_pair("demo", "bench", model_dir / "demo-target", model_dir / "demo-draft")
+    # A version of its own per pair of directories: registration is idempotent by (name, version)
+    # and would keep serving an earlier pair registered under the same version.
+    dirs = [(model_dir / name).resolve() for name in ("demo-target", "demo-draft")]
+    stamp = hashlib.sha1(repr([(str(d), (d / "config.json").stat().st_mtime) for d in dirs]).encode())
+    register_pair("demo", f"bench-{stamp.hexdigest()[:10]}", *dirs)
     user, _ = get_user_model().objects.get_or_create(username="bench-serving")
     tenant, _ = Tenant.objects.get_or_create(name="bench")
     TenantMembership.objects.get_or_create(user=user, defaults={"tenant": tenant})
@@ -71,24 +78,33 @@ def _wait_ready(check, timeout: float, what: str, processes) -> None:
 
 
 async def _one(client, headers, max_new_tokens: int) -> int:
+    """One generation followed as a client follows it: its SSE stream until the `done` event."""
     body = {"prompt": "def parse_config(path):\n    ", "max_new_tokens": max_new_tokens,
             "temperature": 0.7}
     created = await client.post("/api/v1/generations/", json=body, headers=headers)
     created.raise_for_status()
-    url = created.json()["url"]
-    while True:
-        session = (await client.get(url, headers=headers)).json()
-        if session["status"] in ("succeeded", "failed", "cancelled"):
-            if session["status"] != "succeeded":
-                raise RuntimeError(f"session failed: {session.get('error')}")
-            return session["token_count"]
-        await asyncio.sleep(0.05)
+    tokens, event = 0, None
+    async with client.stream("GET", created.json()["stream_url"], headers=headers) as stream:
+        async for line in stream.aiter_lines():
+            if line.startswith("event:"):
+                event = line.partition(":")[2].strip()
+            elif line.startswith("data:") and event in ("tokens", "done"):
+                data = json.loads(line.partition(":")[2])
+                if event == "tokens":
+                    tokens += len(data["token_ids"])
+                elif data["status"] != "succeeded":
+                    raise RuntimeError(f"session {data['status']}: {data.get('error')}")
+                else:
+                    return tokens
+    raise RuntimeError("the stream ended without a done event")
 
 
 async def _measure(base_url: str, token: str, concurrency: int, requests: int,
                    max_new_tokens: int) -> float:
-    import httpx
+    import httpx2 as httpx  # the HTTP client the openai package brings
 
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # one INFO line per request otherwise
     headers = {"Authorization": f"Token {token}"}
     remaining = requests
     tokens = 0
@@ -98,7 +114,8 @@ async def _measure(base_url: str, token: str, concurrency: int, requests: int,
             nonlocal remaining, tokens
             while remaining > 0:
                 remaining -= 1
-                tokens += await _one(client, headers, max_new_tokens)
+                got = await _one(client, headers, max_new_tokens)  # not `tokens += await`: that reads
+                tokens += got  # `tokens` before the await and drops the other lanes' counts
 
         started = time.perf_counter()
         await asyncio.gather(*(lane() for _ in range(concurrency)))
@@ -128,7 +145,7 @@ def api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
                   "--port", str(port), "--log-level", "warning"], env, logs / "bench-web.log")
     base_url = f"http://127.0.0.1:{port}"
     try:
-        import httpx
+        import httpx2 as httpx  # the HTTP client the openai package brings
 
         def web_up() -> bool:
             try:

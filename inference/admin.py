@@ -8,6 +8,10 @@ prediction cache entries of the retired versions are invalidated.
 The session admin is ``metadata.admin``'s (read-only); this app adds what needs the models:
 re-running a session with the same parameters, and spelling the draft trees' token ids with the
 target's tokenizer.
+
+Variants (int8, bf16, compiled; ``inference.variant_builds``) are built by the registry's actions
+and shown side by side with their base on the version's page, each with its figures; a variant is
+promoted like any version.
 """
 from __future__ import annotations
 
@@ -21,11 +25,12 @@ from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.models import ModelVersion, VersionStatus
+from inference.variant_builds import VariantBuildError, build_variant
 from inference.submission import QueueUnavailable, submit_generation
 from metadata import admin as metadata_admin
 from metadata.models import OpsRollup, RollupWidth, Session
@@ -150,13 +155,14 @@ def _acceptance(row) -> float | None:
 
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
-    list_display = ("name", "version", "role", "colored_status", "device", "queue", "default_draft",
+    list_display = ("name", "version", "role", "variant", "colored_status", "device", "queue", "default_draft",
                     "context_length", "promoted_at", "promote_link")
-    list_filter = ("role", "status", "device")
+    list_filter = ("role", "status", "device", "variant")
     list_select_related = ("default_draft",)
     search_fields = ("name", "version")
-    readonly_fields = ("status", "promoted_at", "created_at")
-    actions = ["promote"]
+    readonly_fields = ("status", "promoted_at", "created_at", "variant", "base", "recipe", "figures",
+                       "variants_side_by_side")
+    actions = ["promote", "build_int8_variant", "build_bf16_variant", "build_compiled_variant"]
     change_list_template = "admin/inference/modelversion/change_list.html"
     change_form_template = "admin/inference/modelversion/change_form.html"
     STATUS_COLORS = {VersionStatus.ACTIVE: "#2e7d32", VersionStatus.STAGED: "#e08e0b", VersionStatus.RETIRED: "#666"}
@@ -176,6 +182,59 @@ class ModelVersionAdmin(admin.ModelAdmin):
     def get_urls(self):
         view = self.admin_site.admin_view(self.promote_view)
         return [path("<path:object_id>/promote/", view, name="inference_modelversion_promote")] + super().get_urls()
+
+    # -- variants --------------------------------------------------------------------------
+
+    VARIANT_COLUMNS = ("version", "variant", "status", "size MB", "forward 1 tok ms", "forward 5 tok ms",
+                       "top-1 agreement with base", "recipe", "")
+
+    @admin.display(description="variants side by side")
+    def variants_side_by_side(self, version: ModelVersion) -> str:
+        """The original and each of its variants, one row each, with the figures of its build."""
+        if version.pk is None:
+            return "-"
+        original = version.original
+        variants = list(original.variants.order_by("variant"))
+        if not variants:
+            return "no variants (build one with the list's actions or manage.py build_variants)"
+        rows = [self._variant_row(original, _base_figures(variants), version)]
+        rows += [self._variant_row(v, v.figures or {}, version) for v in variants]
+        head = format_html_join("", "<th>{}</th>", ((c,) for c in self.VARIANT_COLUMNS))
+        return format_html('<table class="variants"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+                           head, format_html_join("", "<tr>{}</tr>", ((row,) for row in rows)))
+
+    def _variant_row(self, row: ModelVersion, figures: dict, shown: ModelVersion) -> str:
+        url = reverse("admin:inference_modelversion_change", args=[row.pk])
+        name = format_html('<a href="{}">{}</a>{}', url, row.version, " (this page)" if row.pk == shown.pk else "")
+        options = (row.recipe or {}).get("options", {})
+        recipe = ", ".join(f"{k}={v}" for k, v in sorted(options.items()) if k != "role") or "-"
+        cells = [name, row.get_variant_display(), self.colored_status(row), _mb(figures.get("size_bytes")),
+                 _num(figures.get("forward_ms_1")), _num(figures.get("forward_ms_5")),
+                 _num(figures.get("top1_agreement_with_base"), 3), recipe, self.promote_link(row)]
+        return format_html_join("", "<td>{}</td>", ((cell,) for cell in cells))
+
+    def _build(self, request, queryset, kind: str) -> None:
+        for version in queryset[:10]:
+            try:
+                variant = build_variant(version, kind)
+            except VariantBuildError as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                continue
+            url = reverse("admin:inference_modelversion_change", args=[variant.pk])
+            self.message_user(request, format_html('Built <a href="{}">{}</a> (staged): {} MB.', url, variant,
+                                                   _mb(variant.figures.get("size_bytes"))), messages.SUCCESS)
+
+    @admin.action(description="Build the int8 variant of the selected versions", permissions=["change"])
+    def build_int8_variant(self, request, queryset) -> None:
+        self._build(request, queryset, "int8")
+
+    @admin.action(description="Build the bf16 variant of the selected versions", permissions=["change"])
+    def build_bf16_variant(self, request, queryset) -> None:
+        self._build(request, queryset, "bf16")
+
+    @admin.action(description="Build the compiled variant of the selected versions", permissions=["change"])
+    def build_compiled_variant(self, request, queryset) -> None:
+        self._build(request, queryset, "compiled")
 
     def changelist_view(self, request, extra_context=None):
         extra = {"acceptance_chart": pair_acceptance_chart(), **(extra_context or {})}
@@ -221,3 +280,21 @@ class ModelVersionAdmin(admin.ModelAdmin):
         note = ("; the prediction cache entries of the retired versions are invalidated" if replaced
                 else "; nothing was active, so no prediction cache entry changes")
         self.message_user(request, f"Promoted {version}: it is active; retired: {retired}{note}.", messages.SUCCESS)
+
+
+def _base_figures(variants: list[ModelVersion]) -> dict:
+    """The original's figures, as its variants' builds measured it (the latest build's)."""
+    figures = {}
+    for variant in sorted(variants, key=lambda v: (v.figures or {}).get("measured_at", "")):
+        for key, value in (variant.figures or {}).items():
+            if key.startswith("base_"):
+                figures[key[len("base_"):]] = value
+    return {**figures, "top1_agreement_with_base": 1.0}
+
+
+def _mb(value) -> str:
+    return f"{value / 1e6:.2f}" if isinstance(value, (int, float)) else "-"
+
+
+def _num(value, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"

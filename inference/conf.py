@@ -27,6 +27,11 @@ SETTINGS = (
     Setting("SPECOPS_RECONCILE_GIVE_UP_S", float, 3600.0,
             "a session still queued this long after its creation fails (no worker took it)"),
     Setting("SPECOPS_TOKEN_FLUSH_MS", int, 200, "longest a generated token waits in the worker before it is written"),
+    Setting("SPECOPS_PROGRESS_MS", int, 1000,
+            "a running session's token_count and text are written at most this often (its tokens at every flush)"),
+    Setting("SPECOPS_SUFFIX_WARM_SESSIONS", int, 64,
+            "recent succeeded sessions per tenant and model a worker reads into the suffix drafter's index at start (0: none)"),
+    Setting("SPECOPS_SUFFIX_WARM_AGE_S", float, 86400.0, "the suffix index is warmed from sessions created at most this long ago"),
     Setting("SPECOPS_OPENAI_TIMEOUT_S", float, 300.0,
             "how long a non-streaming /v1/ request waits for its generation before a 504"),
 )

@@ -1,4 +1,9 @@
-"""The model registry: versions of target and draft models, where they run, which is live."""
+"""The model registry: versions of target and draft models, where they run, which is live.
+
+A version may have optimised variants (int8, bf16, compiled: see ``inference.engine.variants``).
+A variant is a version of its own (``seed0+int8``) with ``base`` pointing at the version it was
+built from, so it is served, cached, listed and promoted exactly like any version.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,6 +26,13 @@ class VersionStatus(models.TextChoices):
     RETIRED = "retired"
 
 
+class VariantKind(models.TextChoices):
+    ORIGINAL = "original", "original (as saved)"
+    INT8 = "int8", "int8 (dynamic quantisation)"
+    BF16 = "bf16", "bf16"
+    COMPILED = "compiled", "compiled (torch.compile)"
+
+
 class ModelVersion(models.Model):
     """A model directory (save_pretrained layout) registered under a name and a version."""
 
@@ -37,12 +49,24 @@ class ModelVersion(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     promoted_at = models.DateTimeField(null=True, blank=True)
+    variant = models.CharField(max_length=16, choices=VariantKind.choices, default=VariantKind.ORIGINAL)
+    base = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="variants",
+        help_text="The version this variant was built from (empty for an original).",
+    )
+    recipe = models.JSONField(default=dict, blank=True, help_text="How the variant was made.")
+    figures = models.JSONField(default=dict, blank=True, help_text="What was measured of it.")
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["name", "version", "role"], name="model_version_unique"),
             models.UniqueConstraint(
                 fields=["name", "role"], condition=Q(status="active"), name="one_active_version_per_name"
+            ),
+            models.UniqueConstraint(fields=["base", "variant"], name="one_variant_of_a_kind_per_base"),
+            models.CheckConstraint(
+                condition=Q(variant="original", base__isnull=True) | (~Q(variant="original") & Q(base__isnull=False)),
+                name="variant_has_a_base",
             ),
         ]
 
@@ -62,9 +86,18 @@ class ModelVersion(models.Model):
             return f"gpu.{index or 0}"
         return "cpu"
 
+    @property
+    def original(self) -> "ModelVersion":
+        """The version this one derives from (itself for an original)."""
+        return self.base if self.base_id is not None else self
+
     @transaction.atomic
     def promote(self) -> list["ModelVersion"]:
-        """Make this the active version of its name and role; return the versions it replaced."""
+        """Make this the active version of its name and role; return the versions it replaced.
+
+        A draft replacing one of its own family (its base or a sibling variant) also becomes the
+        default draft of the targets that drafted with the replaced one.
+        """
         replaced = list(
             ModelVersion.objects.select_for_update()
             .filter(name=self.name, role=self.role, status=VersionStatus.ACTIVE)
@@ -74,6 +107,9 @@ class ModelVersion(models.Model):
         self.status = VersionStatus.ACTIVE
         self.promoted_at = timezone.now()
         self.save(update_fields=["status", "promoted_at"])
+        if self.role == ModelRole.DRAFT:
+            family = [v.pk for v in replaced if v.original.pk == self.original.pk]
+            ModelVersion.objects.filter(role=ModelRole.TARGET, default_draft__in=family).update(default_draft=self)
         from inference.signals import model_promoted
 
         transaction.on_commit(lambda: model_promoted.send(sender=ModelVersion, version=self, replaced=replaced))

@@ -9,6 +9,7 @@ from rest_framework.exceptions import APIException
 
 from metadata.models import Session, SessionStatus
 from metadata.sessions.state import invalidate_session
+from specops.ops.latency_budget import measure
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ def submit_generation(serializer, tenant, user) -> Session:
     from inference.tasks import generate
 
     data = serializer.validated_data
-    with transaction.atomic():
+    with measure("db_write"), transaction.atomic():
         session = Session.objects.create(
             tenant=tenant, created_by=user, target=data["target"], draft=data["draft"],
             drafter=data["drafter"], queue=data["target"].queue, prompt=data["prompt"],
@@ -32,7 +33,8 @@ def submit_generation(serializer, tenant, user) -> Session:
             enqueued_at=timezone.now(),  # the reconciler re-enqueues it if no worker takes it
         )
     try:
-        generate.apply_async(args=[str(session.pk)], queue=session.queue)
+        with measure("enqueue"):  # the Celery instrumentation's apply_async span carries the trace on
+            generate.apply_async(args=[str(session.pk)], queue=session.queue)
     except Exception as exc:  # broker down: the session must not sit queued forever
         logger.exception("enqueue of session %s failed", session.pk)
         Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED, error=f"enqueue failed: {exc}")

@@ -3,26 +3,37 @@
 Row counts on the partitions page are the statistics system's live-tuple estimates (a COUNT(*)
 over every partition on each page view is what this app exists to avoid); the DEFAULT partition
 is counted exactly, since draining keeps it small and rows there need attention.
+
+The partitions page also shows the plan of the next rotation (its dry run) and offers the
+maintenance actions "rotate now", "archive this partition" and "restore this archive", each to
+staff with its permission (``metadata.run_rotation``, ``run_archival``, ``run_restore``): a POST
+that ``metadata.maintenance`` checks, records as a ``MaintenanceRun`` and queues on the
+``maintenance`` queue; the page polls the recent runs' progress and outcome.
 """
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseRedirect
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from metadata import maintenance
 from metadata.insights import admin as insights_admin  # noqa: F401  (the hot-queries and capacity pages)
+from metadata.maintenance.views import recent_runs
 from metadata.models import (
     LIVE_STATUSES,
     PARTITIONED_TABLES,
+    ArchivalStep,
+    MaintenanceRun,
+    MaintenanceRunStatus,
     PartitionArchivalJob,
     Session,
     Tenant,
     TenantMembership,
 )
-from metadata.partitions import catalog
+from metadata.partitions import PartitionError, PartitionRotation, catalog
 from metadata.partitions.lifecycle import PartitionPolicy
 from metadata.partitions.recent_index import existing_indexes
 from specops.ops import session_view
@@ -122,8 +133,27 @@ class SessionAdmin(admin.ModelAdmin):
         return HttpResponseRedirect(reverse("admin:metadata_session_change", args=[session.pk]))
 
 
-def partitions_context() -> dict:
-    """Everything the partitions page shows, read from pg_catalog (bounds, not names)."""
+MAINTENANCE_PERMISSIONS = {
+    "rotate": "metadata.run_rotation",
+    "archive": "metadata.run_archival",
+    "restore": "metadata.run_restore",
+}
+ARCHIVES_LISTED = 50
+
+
+def rotation_plan() -> tuple[list[str], str]:
+    """The next rotation's dry run as lines (``partitions rotate --dry-run``), or why there is none."""
+    try:
+        return PartitionRotation(progress=lambda _: None).plan().describe(), ""
+    except PartitionError as exc:
+        return [], str(exc)
+
+
+def partitions_context(user=None) -> dict:
+    """Everything the partitions page shows, read from pg_catalog (bounds, not names); with ``user``,
+    the maintenance actions that user may run."""
+    policy = PartitionPolicy.from_settings()
+    cutoff = maintenance.archive_cutoff(policy)
     tables = []
     for parent, column in PARTITIONED_TABLES.items():
         partitions = catalog.range_partitions(parent, sizes=True)
@@ -131,17 +161,59 @@ def partitions_context() -> dict:
             "parent": parent,
             "column": column,
             "partitions": partitions,
+            "archivable": {p.name for p in partitions if p.bounds.end <= cutoff},
             "total_rows": sum(p.estimated_rows for p in partitions),
             "total_bytes": sum(p.total_bytes for p in partitions),
             "default": catalog.default_state(parent, column),
         })
+    archives = list(PartitionArchivalJob.objects.using("default").filter(step=ArchivalStep.DROPPED)
+                    .exclude(archive_path="").order_by("-finished_at", "-pk")[:ARCHIVES_LISTED])
+    restored = maintenance.restored_job_ids(archives)
+    plan_lines, plan_error = rotation_plan()
+    may = {action: bool(user and user.has_perm(permission)) for action, permission in MAINTENANCE_PERMISSIONS.items()}
     return {
         "tables": tables,
-        "policy": PartitionPolicy.from_settings(),
+        "policy": policy,
+        "archive_cutoff": cutoff,
         "recent_indexes": existing_indexes(),
         # The primary, like the catalog reads above, so jobs and partitions agree.
         "open_jobs": PartitionArchivalJob.objects.using("default").exclude(step="dropped").order_by("range_start"),
+        "archives": [{"job": job, "restored": restored.get(job.pk, "")} for job in archives],
+        "plan_lines": plan_lines,
+        "plan_error": plan_error,
+        "may": may,
+        "runs": recent_runs(),
     }
+
+
+@admin.register(MaintenanceRun)
+class MaintenanceRunAdmin(admin.ModelAdmin):
+    """The record of every maintenance action started from the Partitions page: read-only."""
+
+    list_display = ("id", "action", "target", "requested_by", "requested_at", "status", "progress",
+                    "summary", "finished_at")
+    list_filter = ("status", "action")
+    list_select_related = ("requested_by",)
+    search_fields = ("target",)
+    ordering = ("-requested_at",)
+    readonly_fields = [f.name for f in MaintenanceRun._meta.fields]
+
+    @admin.display(description="progress")
+    def progress(self, run: MaintenanceRun) -> str:
+        return f"{run.progress_done}/{run.progress_total}" if run.progress_total else "-"
+
+    @admin.display(description="outcome")
+    def summary(self, run: MaintenanceRun) -> str:
+        return run.error or (run.outcome or {}).get("summary", "")
+
+    def has_add_permission(self, request) -> bool:
+        return False  # runs are started from the Partitions page
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # the record of who ran what
 
 
 @admin.register(PartitionArchivalJob)
@@ -166,10 +238,52 @@ class PartitionArchivalJobAdmin(admin.ModelAdmin):
         return False  # the job is the record of where a partition's rows went
 
     def get_urls(self):
-        view = self.admin_site.admin_view(self.partitions_view)
-        return [path("partitions/", view, name="metadata_partitions")] + super().get_urls()
+        def view(function):
+            return self.admin_site.admin_view(function)
+
+        return [
+            path("partitions/", view(self.partitions_view), name="metadata_partitions"),
+            path("partitions/runs/", view(self.runs_view), name="metadata_maintenance_runs"),
+            path("partitions/rotate/", view(self.rotate_view), name="metadata_partitions_rotate"),
+            path("partitions/archive/", view(self.archive_view), name="metadata_partitions_archive"),
+            path("partitions/restore/", view(self.restore_view), name="metadata_partitions_restore"),
+        ] + super().get_urls()
 
     def partitions_view(self, request):
         context = {**self.admin_site.each_context(request), "title": "Partitions", "opts": self.model._meta,
-                   **partitions_context()}
+                   **partitions_context(request.user)}
         return TemplateResponse(request, "admin/metadata/partitions.html", context)
+
+    def runs_view(self, request):
+        """The recent maintenance runs as JSON, for the page's poll."""
+        runs = [maintenance.run_as_dict(run) for run in recent_runs()]
+        return JsonResponse({"runs": runs, "active": any(run["active"] for run in runs)})
+
+    def rotate_view(self, request):
+        return self._maintenance_action(request, "rotate", lambda: maintenance.request_rotation(request.user))
+
+    def archive_view(self, request):
+        return self._maintenance_action(request, "archive", lambda: maintenance.request_archival(
+            request.user, request.POST.get("partition", "")))
+
+    def restore_view(self, request):
+        return self._maintenance_action(request, "restore", lambda: maintenance.request_restore(
+            request.user, request.POST.get("job", ""), attach=request.POST.get("attach") == "1"))
+
+    def _maintenance_action(self, request, action: str, start):
+        """Permission, then POST, then the request's own checks: a refusal records nothing."""
+        if not request.user.has_perm(MAINTENANCE_PERMISSIONS[action]):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        try:
+            run = start()
+        except maintenance.MaintenanceRefused as exc:
+            self.message_user(request, f"Refused, nothing was started: {exc}", messages.ERROR)
+        else:
+            if run.status == MaintenanceRunStatus.FAILED:
+                self.message_user(request, f"Run {run.pk} ({run.get_action_display()}) {run.error}", messages.ERROR)
+            else:
+                self.message_user(request, f"Run {run.pk} ({run.get_action_display()} {run.target}) is queued on "
+                                           "the maintenance queue; its progress shows below.", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:metadata_partitions"))

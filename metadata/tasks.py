@@ -1,7 +1,9 @@
-"""Celery beat jobs of the metadata store (routed to the ``maintenance`` queue).
+"""Celery jobs of the metadata store (routed to the ``maintenance`` queue): beat's and the admin's.
 
-Both jobs are idempotent and take their own ``pg_try_advisory_lock``: a run that finds the lock
-taken returns at once instead of queueing behind the other run.
+The beat jobs are idempotent and take their own ``pg_try_advisory_lock``: a run that finds the
+lock taken returns at once instead of queueing behind the other run. ``run_maintenance`` runs one
+action an operator started from the admin (``metadata.maintenance``), recorded as a
+``MaintenanceRun``, under the same lock.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import asdict
 from celery import shared_task
 
 from metadata.cache.snapshots import snapshot_cache_stats  # noqa: F401  (registers the beat task)
+from metadata.maintenance.runner import execute_run
 from metadata.partitions import MaintenanceLockBusy, PartitionRotation, rotate_recent_index
 
 logger = logging.getLogger(__name__)
@@ -38,3 +41,9 @@ def rotate_recent_activity_index() -> dict:
     except MaintenanceLockBusy as exc:
         logger.info("rotate_recent_activity_index skipped: %s", exc)
         return {"skipped": str(exc)}
+
+
+@shared_task(bind=True, name="metadata.tasks.run_maintenance", soft_time_limit=3300, time_limit=3600)
+def run_maintenance(self, run_id: int) -> dict:
+    """Run the admin's maintenance run ``run_id`` (rotate, archive or restore), recording progress."""
+    return execute_run(run_id, self.request.id or "")

@@ -10,7 +10,7 @@ import importlib
 import os
 
 from celery import Celery
-from celery.signals import worker_process_shutdown, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
 from kombu import Queue
 
 from specops.conf import cuda_visible_devices, prometheus_multiproc_dir
@@ -106,6 +106,16 @@ def set_visibility_timeout(sender: Celery, **kwargs) -> None:
     options.setdefault("visibility_timeout", visibility_timeout_s(
         float(settings.SPECOPS_GENERATION_TIMEOUT_S), sender.conf.task_time_limit))
     sender.conf.broker_transport_options = options
+
+
+@worker_init.connect
+@worker_process_init.connect
+def start_tracing(**kwargs) -> None:
+    """Tracing per worker process (SPECOPS_TRACING; nothing when off): worker_init for the threads
+    and solo pools, worker_process_init in each prefork child. Idempotent."""
+    from specops.tracing import configure_tracing
+
+    configure_tracing("specops-worker")
 
 
 @worker_shutdown.connect

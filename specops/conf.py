@@ -23,6 +23,25 @@ SETTINGS = (
             "a stream with no event for this long ends with an explicit timeout event"),
     Setting("SPECOPS_STREAM_REDIS_CONNECTIONS", int, 5000,
             "Redis connections one web process may hold for open streams (one blocking read each)"),
+    # Tracing (specops.tracing): one trace per generation, API request -> Celery task -> writes.
+    Setting("SPECOPS_TRACING", str, "off", "span exporter: off (no-op tracer), console or otlp"),
+    Setting("SPECOPS_TRACING_OTLP_ENDPOINT", str, "http://127.0.0.1:4318/v1/traces",
+            "OTLP/HTTP traces endpoint (SPECOPS_TRACING=otlp)"),
+    Setting("SPECOPS_TRACING_CONSOLE_PATH", str, "",
+            "file the console exporter appends spans to, one JSON object a line (empty: stdout)"),
+    Setting("SPECOPS_TRACING_SAMPLE_RATIO", float, 1.0,
+            "share of new traces recorded (a worker follows the request's decision)"),
+    # Latency budget (seed 002) per component, against its measured p95: the admin's latency page.
+    *(Setting(f"SPECOPS_BUDGET_{name.upper()}_MS", float, default, f"p95 budget of {meaning}")
+      for name, default, meaning in (
+          ("auth", 10.0, "authentication, tenant and throttles"),
+          ("validation", 15.0, "request validation (model lookup, tokenizing the prompt)"),
+          ("cache", 5.0, "the prediction-cache lookup"),
+          ("db_write", 20.0, "writing the session row"),
+          ("enqueue", 10.0, "publishing the task to the broker"),
+          ("queue_wait", 250.0, "the wait from the session's creation to joining its device's batch"),
+          ("inference", 600.0, "joining the batch to the first token (prefill and the first step)"),
+          ("streaming", 20.0, "delivering one streamed step to the client"))),
 )
 
 conf = AppSettings(SETTINGS)

@@ -21,6 +21,7 @@ from metadata.conf import SETTINGS as METADATA_SETTINGS
 from specops.conf import SETTINGS as PROJECT_SETTINGS
 from specops.conf_base import read_declared
 from specops.database_config import database_settings
+from specops.tracing import exporter_error
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 INSECURE_SECRET_KEY = "insecure-dev-key-change-me"
@@ -75,6 +76,8 @@ for _name in ("SPECOPS_THROTTLE_USER_RATE", "SPECOPS_THROTTLE_TENANT_RATE", "SPE
     if not re.fullmatch(THROTTLE_RATE_PATTERN, globals()[_name].strip()):
         raise ImproperlyConfigured(f"{_name}={globals()[_name]!r}: expected <count>/<s|min|hour|day> "
                                    "(e.g. 600/min), or none.")
+if exporter_error(SPECOPS_TRACING):  # noqa: F821 (declared above by read_declared)
+    raise ImproperlyConfigured(exporter_error(SPECOPS_TRACING))  # noqa: F821
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from specops.ops.views import dashboard
+from specops.ops.views import dashboard, latency_budget
 
 # Errors are JSON in the called API's shape, never a traceback or an HTML page (specops.error_views).
 handler400 = "specops.error_views.bad_request"
@@ -12,6 +12,7 @@ handler500 = "specops.error_views.server_error"
 
 urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard), name="specops-dashboard"),
+    path("admin/latency-budget/", admin.site.admin_view(latency_budget), name="specops-latency-budget"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("metadata.api.urls")),

@@ -194,5 +194,5 @@ class ModelVersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelVersion
         fields = ("id", "name", "version", "role", "device", "queue", "context_length", "status",
-                  "default_draft", "created_at", "promoted_at")
+                  "default_draft", "variant", "base", "figures", "created_at", "promoted_at")
         read_only_fields = fields

@@ -18,6 +18,7 @@ from inference.api.serializers import (
 from inference.models import ModelVersion
 from inference.submission import submit_generation
 from metadata.api.tenancy import tenant_of
+from specops.ops.latency_budget import measure
 from specops.throttles import GenerationRateThrottle
 
 
@@ -31,15 +32,22 @@ class GenerationViewSet(viewsets.GenericViewSet):
             throttles.append(GenerationRateThrottle())
         return throttles
 
+    def initial(self, request, *args, **kwargs):
+        """Authentication, permissions and throttles: the latency budget's "auth"."""
+        with measure("auth"):
+            super().initial(request, *args, **kwargs)
+
     @extend_schema(responses={202: GenerationAcceptedSerializer, 200: GenerationAcceptedSerializer})
     def create(self, request):
         tenant = tenant_of(request.user)
         if tenant is None:
             raise PermissionDenied("this user belongs to no tenant.")
         serializer = self.get_serializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        cached = prediction_cache.serve_from_cache(serializer.validated_data, serializer.params(), tenant,
-                                                   request.user)
+        with measure("validation"):
+            serializer.is_valid(raise_exception=True)
+        with measure("cache"):
+            cached = prediction_cache.serve_from_cache(serializer.validated_data, serializer.params(), tenant,
+                                                       request.user)
         session = cached or submit_generation(serializer, tenant=tenant, user=request.user)
         url = request.build_absolute_uri(reverse("session-detail", args=[session.pk]))
         body = {

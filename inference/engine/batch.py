@@ -5,7 +5,7 @@
    or cancelled;
 2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
-   over the draft's KV cache); `tree` and `ngram` rows draft with their own drafter objects;
+   over the draft's KV cache); `tree`, `ngram` and `suffix` rows draft with their own drafters;
 4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
    feeds its pending token plus its draft tree, a newcomer feeds the next chunk of its prompt
    (at most `prefill_chunk` tokens, so a long prompt never stalls the running rows);
@@ -69,6 +69,7 @@ class BatchRequest:
     deadline: a time.monotonic() value after which the row ends with finish_reason "timeout".
     resume_ids: tokens an earlier run of this request already generated (and committed); they
     are prefilled with the prompt and never generated again.
+    corpus: an opaque key of the earlier outputs a corpus-fed drafter (suffix) may draft from.
     """
 
     request_id: Hashable
@@ -78,6 +79,7 @@ class BatchRequest:
     draft_config: DraftConfig = field(default_factory=DraftConfig)
     deadline: float | None = None
     resume_ids: tuple[int, ...] = ()
+    corpus: Hashable | None = None
 
 
 @dataclass
@@ -93,10 +95,23 @@ class RowEvent:
     # the drafter the row runs (what "auto" resolved to) and the policy's depths: {depth: steps}
     drafter: str = ""
     depth_choices: dict[int, int] = field(default_factory=dict)
+    # prompt (and resumed) tokens the row fed the target in this step: it was prefilling
+    prefill_tokens: int = 0
 
     @property
     def finished(self) -> bool:
         return self.step.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """When one step's forwards ran (the worker's trace spans): wall-clock start, then draft, then verify."""
+
+    started_ns: int  # time.time_ns() at the step's start
+    draft_seconds: float
+    verify_seconds: float  # the target forward and the verdicts (depth choice included)
+    rows: int
+    step: int
 
 
 class _Row:
@@ -129,6 +144,7 @@ class _Row:
         self.error = ""
         self.started = time.perf_counter()
         self.depth_choices: dict[int, int] = {}
+        self.fed_prompt = 0  # prompt tokens fed in the current step
 
     @property
     def prefilling(self) -> bool:
@@ -195,6 +211,7 @@ class BatchedSpeculativeEngine:
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
+        self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
         self.forward_log: list[tuple[str, int, int, float]] = []
 
@@ -221,9 +238,9 @@ class BatchedSpeculativeEngine:
             raise ConfigError(f"drafter: {kind!r} cannot run here; available: "
                               f"{', '.join(self.drafter_kinds())}")
         row = _Row(request, kind, max_new, stop, self.device)
-        if kind in ("tree", "ngram", "none"):
+        if kind in ("tree", "ngram", "suffix", "none"):
             row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
-                                        config=request.draft_config)
+                                        config=request.draft_config, corpus=request.corpus)
             row.drafter.begin(prompt)
             row.schedule = DraftLengthSchedule(request.draft_config, row.drafter.nominal_depth)
         else:
@@ -262,6 +279,7 @@ class BatchedSpeculativeEngine:
     def step(self) -> list[RowEvent]:
         """Run one verification step for every row; return an event per row that ran or ended."""
         events: list[RowEvent] = []
+        self.last_step_timing = None
         for row in list(self.waiting):
             if row.request.request_id in self._cancelled:
                 self.waiting.remove(row)
@@ -280,12 +298,14 @@ class BatchedSpeculativeEngine:
         self._leave(ended)
         if not self.rows:
             return events
-        step_started = time.perf_counter()
+        step_started, started_ns = time.perf_counter(), time.time_ns()
         with torch.inference_mode():
             depth = self._choose_depth()
             trees, draft_seconds = self._draft(depth)
             results = self._verify(trees)
         step_seconds = time.perf_counter() - step_started
+        self.last_step_timing = StepTiming(started_ns, draft_seconds, step_seconds - draft_seconds,
+                                           len(self.rows), self.steps)
         for row, tree, result in zip(list(self.rows), trees, results):
             events.append(self._advance(row, tree, result, step_seconds, draft_seconds))
         self._leave([row for row in self.rows if row.finish_reason is not None])
@@ -477,6 +497,7 @@ class BatchedSpeculativeEngine:
         results: list[VerifyResult | None] = []
         for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
             new = len(inputs[index].token_ids) - len(tree)
+            row.fed_prompt = new if row.prefilling else 0
             if row.prefilling:
                 row.prefilled += new
                 if row.prefilling:
@@ -514,7 +535,7 @@ class BatchedSpeculativeEngine:
                  draft_seconds: float) -> RowEvent:
         if result is None:
             # still prefilling (or failed): no tokens this step
-            return self._event(row, StepOutput([], 0, 0, [], row.finish_reason))
+            return self._event(row, StepOutput([], 0, 0, [], row.finish_reason), prefill_tokens=row.fed_prompt)
         accepted = len(result.accepted_nodes)
         new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
         emitted, finish_reason = row.stop.clip(row.generated, new_tokens)
@@ -534,11 +555,11 @@ class BatchedSpeculativeEngine:
             if result.accepted_nodes else False
         step = StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
                           finish_reason)
-        return self._event(row, step, bonus)
+        return self._event(row, step, bonus, prefill_tokens=row.fed_prompt)
 
-    def _event(self, row: _Row, step: StepOutput, bonus: bool = False) -> RowEvent:
+    def _event(self, row: _Row, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0) -> RowEvent:
         return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
-                        row.depth_choices)
+                        row.depth_choices, prefill_tokens)
 
     def _leave(self, rows: Iterable[_Row]) -> None:
         leaving = {id(row) for row in rows}

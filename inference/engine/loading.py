@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from transformers import (
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from inference.engine.errors import EngineError
+from inference.engine.variants import VariantError, apply_variant, check_source, read_recipe
 
 # Config attributes that hold the longest sequence a model was built for, most specific first.
 _CONTEXT_LENGTH_ATTRIBUTES = (
@@ -119,10 +120,29 @@ def load_causal_lm(
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from a local directory, in eval mode, without a network.
 
-    `path` is a directory written by `save_pretrained` (or a hub id already in the local cache).
-    `dtype=None` means float32 on CPU and the checkpoint's own dtype on accelerators.
+    `path` is a directory written by `save_pretrained` (or a hub id already in the local cache),
+    or a variant directory (`inference.engine.variants`: int8, bf16, compiled), rebuilt from its
+    recipe. `dtype=None` means float32 on CPU and the checkpoint's own dtype on accelerators.
     Raises `ModelLoadError` naming the path when it is missing or not a model.
     """
+    model_path = Path(os.fspath(path)).expanduser()
+    try:
+        recipe = read_recipe(model_path) if model_path.is_dir() else None
+        if recipe is None:
+            return _load_saved_model(path, device, dtype)
+        source = check_source(recipe, model_path)
+        loaded = _load_saved_model(source, device, recipe.load_dtype or dtype)
+        return replace(loaded, model=apply_variant(loaded.model, recipe), path=model_path)
+    except VariantError as error:
+        raise ModelLoadError(f"cannot load the variant in {model_path}: {error}") from error
+
+
+def _load_saved_model(
+    path: str | os.PathLike[str],
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+) -> LoadedModel:
+    """Load a save_pretrained directory (or a cached hub id) as it is."""
     name = os.fspath(path)
     model_path = Path(name).expanduser()
     _check_model_dir(model_path, name)

@@ -29,6 +29,8 @@ from inference.engine.policy import SpeculationPolicy
 from inference.worker import metrics
 from inference.worker.recording import BatchRecorder, SessionRecorder, finish_session
 from metadata.models import Session, SessionStatus
+from specops import tracing
+from specops.ops import latency_budget
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class SessionJob:
     recorder: SessionRecorder
     done: threading.Event = field(default_factory=threading.Event)
     status: str = ""
+    trace: tracing.SessionTrace | None = None  # its spans, while tracing is on (specops.tracing)
 
     @property
     def pair(self) -> tuple[int, int | None]:
@@ -82,6 +85,7 @@ class DeviceBatchLoop:
 
     def submit(self, job: SessionJob) -> None:
         """Hand a prepared session to the loop (starting the loop thread on first use)."""
+        job.trace = tracing.session_trace(job.session.pk, job.session.enqueued_at)  # the task's span is current
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="specops-batching-loop",
@@ -98,8 +102,9 @@ class DeviceBatchLoop:
                 self._admit(block=not self.jobs)
                 if not self.jobs:
                     continue
-                self._poll_cancellations()
-                self._renew_leases()
+                with tracing.untraced():  # housekeeping of every session: in no session's trace
+                    self._poll_cancellations()
+                    self._renew_leases()
                 for pair, engine in list(self.engines.items()):
                     if engine.has_work():
                         self._step(pair, engine)
@@ -131,6 +136,7 @@ class DeviceBatchLoop:
             try:
                 self._engine(job).submit(job.request)
                 self.jobs[job.request.request_id] = job
+                job.recorder.admitted_at = time.time()  # joins the batch at the next step boundary
             except Exception as error:  # settings the engine refuses end this session only
                 self._end(job, "error", f"{type(error).__name__}: {error}", None)
             try:
@@ -174,11 +180,37 @@ class DeviceBatchLoop:
         if engine.last_decision is not None:
             running = sum(len(other.rows) for other in self.engines.values())
             metrics.observe_policy_decision(engine.last_decision.depth, running)
+        if tracing.enabled():
+            self._trace_step(engine, events)
         for event in events:
             job = self.jobs.get(event.request_id)
             if job is not None:
                 job.recorder.batch_rows_max = max(job.recorder.batch_rows_max, len(events))
-            self._on_event(event)
+            with tracing.activated(job.trace if job is not None else None):
+                self._on_event(event)
+
+    def _trace_step(self, engine: BatchedSpeculativeEngine, events: list[RowEvent]) -> None:
+        """Each session's copy of the step's spans, with the engine's measured times (specops.tracing)."""
+        timing = engine.last_step_timing
+        if timing is None:
+            return
+        draft_end = timing.started_ns + int(timing.draft_seconds * 1e9)
+        verify_end = draft_end + int(timing.verify_seconds * 1e9)
+        shared = {"specops.engine.step": timing.step, "specops.batch.rows": timing.rows}
+        for event in events:
+            job = self.jobs.get(event.request_id)
+            if job is None or job.trace is None:
+                continue
+            if event.step.drafted:
+                job.trace.child("specops.draft", timing.started_ns, draft_end, **shared,
+                                **{"specops.draft.nodes": event.step.drafted, "specops.drafter": event.drafter})
+            if event.prefill_tokens:
+                job.trace.child("specops.prefill", draft_end, verify_end, **shared,
+                                **{"specops.prefill.tokens": event.prefill_tokens})
+            if event.step.token_ids:
+                job.trace.child("specops.verify", draft_end, verify_end, **shared,
+                                **{"specops.accepted": event.step.accepted,
+                                   "specops.tokens": len(event.step.token_ids)})
 
     def _on_event(self, event: RowEvent) -> None:
         job = self.jobs.get(event.request_id)
@@ -191,7 +223,9 @@ class DeviceBatchLoop:
             self._end(job, event.step.finish_reason, event.error, event)
 
     def _flush(self) -> None:
-        self.recorder.flush([job.recorder for job in self.jobs.values()])
+        jobs = self.jobs.values()
+        with tracing.batch_write([job.trace for job in jobs if job.recorder.dirty], len(self.recorder.writer)):
+            self.recorder.flush([job.recorder for job in jobs])
 
     def _end(self, job: SessionJob, finish_reason: str, error: str, event: RowEvent | None) -> None:
         """Commit the session's rows, write its outcome, record metrics, wake its task thread."""
@@ -235,6 +269,8 @@ class DeviceBatchLoop:
         finally:
             self._observe(job, status, event)
             self.jobs.pop(job.request.request_id, None)
+            if job.trace is not None:
+                job.trace.end(status)
             job.status = status
             job.done.set()
 
@@ -250,6 +286,8 @@ class DeviceBatchLoop:
             job.model_name, drafter, status, queue_seconds=queue_seconds, ttft_seconds=ttft,
             inter_token_seconds=metrics.inter_token_gaps(recorder.step_times, recorder.step_tokens),
             e2e_seconds=now - created, new_tokens=len(recorder.token_ids))
+        if recorder.step_times and recorder.admitted_at:  # the latency budget's "inference"
+            latency_budget.observe("inference", max(0.0, recorder.step_times[0] - recorder.admitted_at))
         if event is not None:
             stats = event.stats
             drafts = stats.drafted_per_position[0] if stats.drafted_per_position else 0

@@ -35,7 +35,10 @@ class ModelResidency:
                 return self._loaded[version.pk]
             from inference.engine.loading import load_causal_lm
 
+            # a variant directory (int8, bf16, compiled) loads through the same call, from its recipe
             loaded = load_causal_lm(version.directory, device=version.device)
+            logger.info("loaded model version %s (%s) from %s", version, getattr(version, "variant", "original"),
+                        version.directory)
             self._loaded[version.pk] = loaded
             while len(self._loaded) > self.capacity:
                 evicted, _ = self._loaded.popitem(last=False)
@@ -74,6 +77,9 @@ def preload_models(**kwargs) -> None:
         for version in versions:
             residency.get(version)
         logger.info("preloaded %d model version(s) on %s", len(versions), device)
+        from inference.worker import suffix_feed
+
+        suffix_feed.warm_up({version.pk: residency.get(version) for version in versions})
     except Exception:  # a missing model must not kill the worker; the task reports the error
         logger.exception("preloading models on %s failed", device)
     finally:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from inference.conf import conf
 from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
 from inference.engine.batch import BatchRequest
-from inference.worker import metrics
+from inference.worker import metrics, suffix_feed
 from inference.worker.batching_loop import SessionJob, device_loop
 from inference.worker.recording import TERMINAL, SessionRecorder, finish_session
 from inference.worker.residency import residency
@@ -96,7 +96,8 @@ def prepare(session: Session) -> SessionJob:
         request_id=session.pk, prompt_ids=prompt_ids,
         config=generation_config(session.params, tokenizer.eos_token_id),
         drafter=session.drafter, draft_config=draft_config(session.drafter, session.params),
-        deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed))
+        deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed),
+        corpus=suffix_feed.corpus_key(session))
     recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
     return SessionJob(session=session, request=request, target=target, draft=draft,
                       model_name=session.target.name, recorder=recorder)
@@ -154,4 +155,5 @@ def run_session(session_id) -> str:
         logger.error("session %s: the batching loop did not end it in time", session.pk)
         finish_session(session, SessionStatus.FAILED, error="the batching loop did not answer")
         return SessionStatus.FAILED
+    suffix_feed.feed_finished(job)  # a success teaches its tenant's suffix index
     return job.status

@@ -34,7 +34,7 @@ def test_auto_is_a_name_but_must_be_resolved_before_building():
     assert DRAFTERS[AUTO].uses_draft_model and not DRAFTERS[AUTO].needs_draft_model
     with pytest.raises(ConfigError, match="'auto' must be resolved"):
         build_drafter(AUTO, target=target_model("gpt2"), draft=draft_model("gpt2"))
-    with pytest.raises(ConfigError, match="drafter: must be one of draft_model, ngram, tree, none, auto"):
+    with pytest.raises(ConfigError, match="drafter: must be one of draft_model, ngram, suffix, tree, none, auto"):
         drafter_kind("medusa")
 
 

@@ -47,6 +47,7 @@ from metadata.models import SessionStatus
 from metadata.sessions import history, token_stream
 from specops.async_views import Caller, Refused, authorize, run_db
 from specops.conf import conf as project_conf
+from specops.ops.latency_budget import measure, observe
 from specops.parsers import BodyNotJSON, loads_json
 from specops.sse import HEARTBEAT, sse_response
 
@@ -72,7 +73,8 @@ def openai_endpoint(*methods: str) -> Callable:
 
 async def _caller(request: HttpRequest, generation: bool = False) -> Caller:
     try:
-        return await run_db(authorize, request, keywords=("Bearer", "Token"), generation=generation)
+        with measure("auth"):
+            return await run_db(authorize, request, keywords=("Bearer", "Token"), generation=generation)
     except Refused as exc:
         raise OpenAIError(exc.status, exc.message, code=exc.code, headers=exc.headers) from None
 
@@ -144,16 +146,19 @@ class Submission:
 
 def _submit(request: OpenAIRequest, caller: Caller) -> Submission:
     """Validate against the model, then answer from the prediction cache or enqueue (sync)."""
-    targets = _active_targets(request.model)
-    if not targets:
-        raise _model_not_found(request.model)
-    directory = str(targets[0].directory)
-    prompt = request.prompt if request.kind == COMPLETION else render_chat(tokenizer_for(directory), request.messages)
-    serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
-    if not serializer.is_valid():
-        raise generation_error(serializer.errors, request)
+    with measure("validation"):
+        targets = _active_targets(request.model)
+        if not targets:
+            raise _model_not_found(request.model)
+        directory = str(targets[0].directory)
+        prompt = request.prompt if request.kind == COMPLETION else render_chat(tokenizer_for(directory),
+                                                                               request.messages)
+        serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
+        if not serializer.is_valid():
+            raise generation_error(serializer.errors, request)
     validated = serializer.validated_data
-    session = prediction_cache.serve_from_cache(validated, serializer.params(), caller.tenant, caller.user)
+    with measure("cache"):
+        session = prediction_cache.serve_from_cache(validated, serializer.params(), caller.tenant, caller.user)
     cached = None
     if session is not None:
         cached = {"text": session.text, "token_count": session.token_count, "finish_reason": session.finish_reason}
@@ -279,10 +284,13 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
                                             "(SPECOPS_STREAM_IDLE_LIMIT_S); the generation goes on as session "
                                             f"{submission.session_id}.", code="timeout")
                     else:
+                        received = time.perf_counter()
                         progress.on(item)
                         piece = progress.text.delta()
                         if piece:
                             yield _data(chunk(header, piece, include_usage=with_usage))
+                        if item.event == "tokens":  # resumed once the server has sent the chunk
+                            observe("streaming", time.perf_counter() - received)
         except RedisError:
             error = OpenAIError(503, "the token stream is unavailable.", code="stream_unavailable")
     error = error or _failure(progress.done, submission.session_id)

@@ -20,9 +20,10 @@ from inference.engine.drafters.registry import (
     build_drafter,
     drafter_kind,
 )
+from inference.engine.drafters.suffix import SuffixCorpora, SuffixDrafter, SuffixIndex, suffix_corpora
 from inference.engine.drafters.tree import TreeDrafter
 
 __all__ = ["AUTO", "DRAFTERS", "DRAFTER_KINDS", "DRAFTER_PARAMETERS", "PARAMETER_NAMES",
            "DraftModelDrafter", "DraftModelRunner", "DraftRequest", "Drafter", "DrafterKind",
-           "DrafterParameter", "ModelBackedDrafter", "NgramDrafter", "NoDrafter", "TreeDrafter", "build_drafter",
-           "drafter_kind"]
+           "DrafterParameter", "ModelBackedDrafter", "NgramDrafter", "NoDrafter", "SuffixCorpora",
+           "SuffixDrafter", "SuffixIndex", "TreeDrafter", "build_drafter", "drafter_kind", "suffix_corpora"]

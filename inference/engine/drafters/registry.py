@@ -14,7 +14,7 @@ its drafter does not take is refused instead of being ignored.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from inference.engine.config import DraftConfig
 from inference.engine.drafters.base import Drafter, NoDrafter
 from inference.engine.drafters.draft_model import DraftModelDrafter
 from inference.engine.drafters.ngram import NgramDrafter
+from inference.engine.drafters.suffix import SuffixDrafter
 from inference.engine.drafters.tree import TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.loading import LoadedModel, check_pair_compatible, unwrap_model
@@ -70,7 +71,8 @@ class DrafterKind:
     the kind needs a draft model (a ModelBackedDrafter) and `cls(config)` otherwise (None for
     `auto`, which is resolved, never built); uses_draft_model: a draft model goes with it when the target has
     one (the kinds that need one, and `auto`, which may pick them); config_fields: every
-    DraftConfig field it reads; parameters: those of them a request may set.
+    DraftConfig field it reads; parameters: those of them a request may set; uses_corpus: it
+    drafts from a corpus of earlier outputs and is built as `cls(config, corpus=key)`.
     """
 
     name: str
@@ -80,6 +82,7 @@ class DrafterKind:
     uses_draft_model: bool = False
     config_fields: tuple[str, ...] = ()
     parameters: tuple[DrafterParameter, ...] = ()
+    uses_corpus: bool = False
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.config_fields if name not in _DRAFT_CONFIG_FIELDS]
@@ -117,7 +120,7 @@ class DrafterKind:
         return DraftConfig(**{by_name[name].field: value for name, value in values.items()})
 
     def build(self, target: PreTrainedModel, draft: PreTrainedModel | None,
-              config: DraftConfig) -> Drafter:
+              config: DraftConfig, corpus: Hashable | None = None) -> Drafter:
         """Construct the drafter (`build_drafter` checks the models first)."""
         if self.drafter_class is None:
             raise ConfigError(f"drafter: {self.name!r} must be resolved to one of "
@@ -125,6 +128,8 @@ class DrafterKind:
                               "drafter is built")
         if self.needs_draft_model:
             return self.drafter_class(draft, logits_width(target), config)
+        if self.uses_corpus:
+            return self.drafter_class(config, corpus=corpus)
         return self.drafter_class(config)
 
 
@@ -136,6 +141,10 @@ _KINDS = (
     DrafterKind("ngram", "prompt lookup: what followed the last n tokens earlier", NgramDrafter,
                 config_fields=("length", "ngram_size", "ngram_min_size", *_SCHEDULE_FIELDS),
                 parameters=(DRAFT_LENGTH, NGRAM_SIZE)),
+    DrafterKind("suffix", "the most frequent continuations in earlier outputs (own and the tenant's)",
+                SuffixDrafter, uses_corpus=True,
+                config_fields=("length", "node_budget", "confidence_threshold", *_SCHEDULE_FIELDS),
+                parameters=(DRAFT_LENGTH, NODE_BUDGET)),
     DrafterKind("tree", "a small LM drafts a tree, verified in one forward", TreeDrafter,
                 needs_draft_model=True, uses_draft_model=True,
                 config_fields=("tree_width", "tree_depth", "node_budget", *_SCHEDULE_FIELDS),
@@ -172,17 +181,19 @@ def build_drafter(
     target: LoadedModel | PreTrainedModel,
     draft: LoadedModel | PreTrainedModel | None = None,
     config: DraftConfig | None = None,
+    corpus: Hashable | None = None,
 ) -> Drafter:
     """Build the drafter named `kind` for `target` (and `draft`, for the model-based kinds).
 
     Takes what `load_causal_lm` returns or bare models. Given two LoadedModels, a kind that
     uses the draft first checks that both share a tokenizer and EOS (ModelLoadError naming
-    both directories); bare models carry no tokenizer to check.
+    both directories); bare models carry no tokenizer to check. `corpus`: the key of the
+    earlier outputs a corpus-fed kind (suffix) drafts from; the other kinds ignore it.
     """
     entry = drafter_kind(kind)
     config = config or DraftConfig()
     if not entry.needs_draft_model:
-        return entry.build(unwrap_model(target), None, config)
+        return entry.build(unwrap_model(target), None, config, corpus)
     if draft is None:
         raise ConfigError(f"draft: the {kind!r} drafter needs a draft model")
     if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
