@@ -23,6 +23,7 @@ from django.utils import timezone
 from inference.tasks import reconcile_sessions as reconcile_task
 from inference.worker.reconciler import RECONCILER_LOCK, reconcile_sessions
 from metadata.models import Session, TokenRecord
+from metadata.partitions.locks import session_settings
 from metadata.sessions import token_stream
 from specops.celery import app, visibility_timeout_s
 from tests.helpers import wait_for
@@ -143,7 +144,7 @@ def test_a_queued_session_whose_task_may_be_lost_gets_another_and_gives_up_at_la
 
 
 def test_one_pass_at_a_time_and_the_beat_task_says_so(tiny_model, tenant, fast_leases):
-    params = connection.settings_dict
+    params = session_settings()  # the primary itself: a lock through PgBouncer would outlive this test
     with psycopg.connect(dbname=params["NAME"], host=params["HOST"], port=params["PORT"], user=params["USER"],
                          autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", (RECONCILER_LOCK,))

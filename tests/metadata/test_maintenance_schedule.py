@@ -14,6 +14,7 @@ from metadata.partitions import (
     periodic_jobs,
     register_periodic_tasks,
 )
+from metadata.partitions.locks import session_settings
 from metadata.tasks import rotate_partitions, rotate_recent_activity_index
 from specops.celery import app
 
@@ -45,7 +46,7 @@ def test_rotate_task_makes_todays_partitions_and_skips_when_busy(partitioned) ->
                       - catalog.range_partitions("metadata_token")[0].bounds.start)
     assert catalog.partition_covering("metadata_token", today) is not None
     assert rotate_partitions()["created"] == []  # idempotent
-    params = connection.settings_dict
+    params = session_settings()  # the primary itself: a lock through PgBouncer would outlive this test
     with psycopg.connect(dbname=params["NAME"], host=params["HOST"], port=params["PORT"], user=params["USER"],
                          autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", (PARTITION_MAINTENANCE_LOCK,))

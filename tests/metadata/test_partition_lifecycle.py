@@ -17,6 +17,7 @@ from metadata.partitions import (
     catalog,
 )
 from metadata.partitions.maker import PartitionMaker
+from metadata.partitions.locks import session_settings
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
 
 ONLY_TOKENS = {"metadata_token": "session_created_at"}
@@ -96,7 +97,7 @@ def test_a_half_drained_staging_table_is_finished_by_the_next_run(partitioned) -
 
 
 def test_a_second_run_is_refused_while_one_holds_the_advisory_lock(partitioned) -> None:
-    params = connection.settings_dict
+    params = session_settings()  # the primary itself: a lock through PgBouncer would outlive this test
     with psycopg.connect(dbname=params["NAME"], host=params["HOST"], port=params["PORT"], user=params["USER"],
                          autocommit=True) as other:
         other.execute("SELECT pg_advisory_lock(%s)", (PARTITION_MAINTENANCE_LOCK,))
