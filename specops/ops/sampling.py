@@ -69,7 +69,7 @@ def replica_positions() -> list[tuple[str, int | None, bool]]:
 def database_transactions() -> dict[str, int]:
     """Cumulative transactions of this database on each server (primary and replicas)."""
     totals = {}
-    for alias in ["default", *getattr(settings, "DATABASE_REPLICAS", [])]:
+    for alias in ["default", *settings.DATABASE_REPLICAS]:  # DATABASE_REPLICAS: always set by specops.settings
         try:
             with connections[alias].cursor() as cursor:
                 cursor.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database "
