@@ -115,13 +115,17 @@ primary_up() {
     need+=(shared_preload_libraries)
   fi
   # Room for every statement of a busy database (the default 5000 evicts while a test suite runs).
-  if (($(q "select coalesce(current_setting('pg_stat_statements.max', true), '0')") < 10000)); then
+  # ALTER SYSTEM refuses pg_stat_statements.max until the library is loaded, so on a machine
+  # where it was not, the library's restart comes first and this setting's restart second.
+  if [[ ! " ${need[*]} " == *" shared_preload_libraries "* ]] &&
+     (($(q "select coalesce(current_setting('pg_stat_statements.max', true), '0')") < 10000)); then
     q "alter system set pg_stat_statements.max = 10000"; need+=(pg_stat_statements.max)
   fi
   if ((${#need[@]})); then
-    out=$(ctl "$PG_CLUSTER" restart -m fast 2>&1) || die "restart for ${need[*]}: $(start_error "$PG_CLUSTER" "$out")"
-    wait_for 60 pg_ready "$PG_PORT" || die "not back after the restart for ${need[*]}"
-    notes+=", restarted once for ${need[*]}"
+    pg_restart_for "${need[*]}"
+    if (($(q "select coalesce(current_setting('pg_stat_statements.max', true), '0')") < 10000)); then
+      q "alter system set pg_stat_statements.max = 10000"; pg_restart_for pg_stat_statements.max
+    fi
   fi
   pg_stat_statements_up
   if [[ -z $(q "select 1 from pg_database where datname = '$DB_NAME'") ]]; then  # from template1: has the extension
@@ -134,6 +138,11 @@ primary_up() {
 }
 
 # ---------------------------------------------------------------- streaming replica
+pg_restart_for() { # pg_restart_for WHAT: restart the primary for settings only a restart applies
+  out=$(ctl "$PG_CLUSTER" restart -m fast 2>&1) || die "restart for $1: $(start_error "$PG_CLUSTER" "$out")"
+  wait_for 60 pg_ready "$PG_PORT" || die "not back after the restart for $1"
+  notes+=", restarted for $1"
+}
 replica_configure() { # idempotent; restarts a running replica only if its settings changed
   local conf=$R_ETC/conf.d/90-specops.conf want p hba
   # A hot standby refuses to start with these below the primary's values, so copy them.
