@@ -5,15 +5,23 @@
 Methods: target-only greedy with HF `generate` and with our plain loop (the faster is the
 baseline), HF assisted generation (`assistant_model=draft`, constant schedule, same draft
 length, no confidence threshold), and ours with the draft-model chain, the n-gram and the tree
-drafter; plus the chain at the tree's node budget for the tree-vs-chain comparison. Each method
-is warmed up, then timed `--repeats` times over all prompts (methods interleaved, so load
-drifts hit them alike); tokens/s is the median. The last line is machine readable:
+drafter. Then tree vs chain at the same node budget (`--budgets`, 8 and 16): for each budget
+and temperature (`--temperatures`: greedy, 0.7, 1.0; sampled runs seeded per prompt), a chain
+of `budget` tokens and a dynamic tree of `budget` nodes, on the demo pair and on the same
+target with a weaker draft (distilled for `--weak-steps` steps, built and cached under
+MODEL_DIR by bench/weak_draft.py). Each method is warmed up, then timed `--repeats` times over
+all prompts (methods interleaved, so load drifts hit them alike); tokens/s is the median. The
+last line is machine readable:
 
 RESULT greedy_identical=<bool> speedup_vs_baseline=<x> speedup_vs_hf_assisted=<x>
-       tree_over_chain_accept_len=<x> acceptance=<accepted/drafted at gamma=4>   (one line)
+       tree_over_chain_accept_len=<x> acceptance=<accepted/drafted at gamma=4>
+       tree_over_chain_accept_len_t1=<x> tree_over_chain_tok_s_t1=<x>
+       tree_over_chain_accept_len_weak_t1=<x>                                   (one line)
 
-greedy_identical covers every method of ours against HF greedy; both speedups use the gamma-4
-chain with a constant schedule, like the HF assisted run it is compared with.
+greedy_identical covers every greedy method of ours against HF greedy; both speedups use the
+gamma-4 chain with a constant schedule, like the HF assisted run it is compared with.
+tree_over_chain_accept_len is greedy at `--node-budget` (8) on the demo pair; the _t1 keys are
+temperature 1.0 at budget 16, on the demo pair and (_weak_) on the weak draft.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ import argparse
 import os
 import statistics
 import sys
+import zlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -50,6 +59,7 @@ class Method:
     name: str
     run: Runner
     ours: bool = True
+    greedy: bool = True
     outputs: list[list[int]] = field(default_factory=list)
     tokens_per_second: list[float] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -94,6 +104,17 @@ def load_pair(args: argparse.Namespace):
     return target.model, draft.model, target.tokenizer
 
 
+def load_weak_draft(args: argparse.Namespace, draft):
+    """The weak draft (built and cached on first use), on the demo draft's device."""
+    from bench.weak_draft import build_weak_draft
+    from inference.engine.loading import load_causal_lm
+
+    directory = build_weak_draft(Path(args.model_dir), args.weak_steps,
+                                 threads=max(1, torch.get_num_threads()),
+                                 corpus_chars=args.weak_corpus_chars)
+    return load_causal_lm(directory, device=args.device).model.to(draft.dtype)
+
+
 def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
     path = Path(args.prompts_file or Path(args.model_dir) / "heldout_prompts.json")
     if not path.is_file():
@@ -117,10 +138,14 @@ def hf_runner(target, eos: int | None, max_new: int, assistant=None) -> Runner:
 
 
 def ours_runner(target, drafter, generation: GenerationConfig) -> Runner:
+    """Greedy as given; a sampled config gets a seed of its own per prompt (the same for every method)."""
     decoder = SpeculativeDecoder(target, drafter)
 
     def run(prompt: list[int]) -> tuple[list[int], GenerationStats]:
-        result = decoder.generate(prompt, generation)
+        config = generation
+        if not generation.greedy:
+            config = replace(generation, seed=zlib.crc32(repr(prompt).encode()))
+        result = decoder.generate(prompt, config)
         return result.token_ids, result.stats
     return run
 
@@ -132,16 +157,26 @@ def configure_assistant(draft, gamma: int) -> None:
     draft.generation_config.assistant_confidence_threshold = 0.0
 
 
-def build_methods(args, target, draft, eos) -> list[Method]:
+def mode_name(temperature: float) -> str:
+    return "greedy" if temperature == 0 else f"t{temperature:g}"
+
+
+def shape_name(pair: str, shape: str, budget: int, temperature: float) -> str:
+    """The name of one tree-vs-chain method, e.g. `weak_tree16_t1`."""
+    return f"{pair}_{shape}{budget}_{mode_name(temperature)}"
+
+
+def build_methods(args, target, draft, eos, weak_draft=None) -> list[Method]:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
 
-    def ours(name: str, kind: str, **config) -> Method:
-        drafter = build_drafter(kind, target=target, draft=draft, config=DraftConfig(**config))
-        return Method(name, ours_runner(target, drafter, generation))
+    def ours(name: str, kind: str, pair_draft=draft, temperature: float = 0.0, **config) -> Method:
+        drafter = build_drafter(kind, target=target, draft=pair_draft, config=DraftConfig(**config))
+        method_generation = replace(generation, temperature=temperature)
+        return Method(name, ours_runner(target, drafter, method_generation),
+                      greedy=temperature == 0)
 
     configure_assistant(draft, args.gamma)
-    budget = args.node_budget
-    return [
+    methods = [
         Method("hf_generate_greedy", hf_runner(target, eos, args.max_new_tokens), ours=False),
         Method("ours_plain_greedy", lambda p: (
             (r := generate_plain(target, p, generation)).token_ids, r.stats)),
@@ -150,10 +185,51 @@ def build_methods(args, target, draft, eos) -> list[Method]:
         ours("ours_draft_model_adaptive", "draft_model", length=args.gamma, adaptive=True,
              min_length=1, max_length=2 * args.gamma),
         ours("ours_ngram", "ngram", length=args.gamma),
-        ours(f"ours_chain_{budget}", "draft_model", length=budget),
-        ours(f"ours_tree_{budget}", "tree", tree_width=args.tree_width,
-             tree_depth=args.tree_depth or budget, node_budget=budget),
     ]
+    pairs = [("demo", draft)] + ([("weak", weak_draft)] if weak_draft is not None else [])
+    for pair, pair_draft in pairs:
+        for temperature in args.temperatures:
+            for budget in args.budgets:
+                methods.append(ours(shape_name(pair, "chain", budget, temperature), "draft_model",
+                                    pair_draft, temperature, length=budget))
+                methods.append(ours(shape_name(pair, "tree", budget, temperature), "tree",
+                                    pair_draft, temperature, tree_width=args.tree_width,
+                                    tree_depth=args.tree_depth or budget, node_budget=budget))
+    return methods
+
+
+def tree_vs_chain(by_name: dict[str, Method], pair: str, budget: int,
+                  temperature: float) -> tuple[float, float] | None:
+    """(tree / chain mean accepted length, tree / chain tok/s), or None when not measured."""
+    tree = by_name.get(shape_name(pair, "tree", budget, temperature))
+    chain = by_name.get(shape_name(pair, "chain", budget, temperature))
+    if tree is None or chain is None:
+        return None
+    return (tree.stats.mean_accepted_length / chain.stats.mean_accepted_length,
+            tree.median_tps / chain.median_tps)
+
+
+def print_tree_table(by_name: dict[str, Method], args) -> None:
+    print(f"{'pair':5} {'mode':7} {'budget':>6} {'chain len':>9} {'tree len':>8} {'ratio':>6} "
+          f"{'chain tok/s':>11} {'tree tok/s':>10} {'ratio':>6} {'chain alpha':>11}")
+    for pair in ("demo", "weak"):
+        for temperature in args.temperatures:
+            for budget in args.budgets:
+                ratios = tree_vs_chain(by_name, pair, budget, temperature)
+                if ratios is None:
+                    continue
+                chain = by_name[shape_name(pair, "chain", budget, temperature)]
+                tree = by_name[shape_name(pair, "tree", budget, temperature)]
+                print(f"{pair:5} {mode_name(temperature):7} {budget:6d} "
+                      f"{chain.stats.mean_accepted_length:9.2f} {tree.stats.mean_accepted_length:8.2f} "
+                      f"{ratios[0]:6.2f} {chain.median_tps:11.1f} {tree.median_tps:10.1f} "
+                      f"{ratios[1]:6.2f} {chain.stats.per_token_acceptance:11.3f}")
+
+
+def _ratio_key(by_name: dict[str, Method], key: str, pair: str, budget: int, temperature: float,
+               index: int) -> str:
+    ratios = tree_vs_chain(by_name, pair, budget, temperature)
+    return f" {key}={ratios[index]:.2f}" if ratios is not None else ""
 
 
 def report(methods: list[Method], args) -> str:
@@ -166,7 +242,7 @@ def report(methods: list[Method], args) -> str:
         gamma = len(stats.drafted_per_position)
         alpha = stats.per_token_acceptance
         bound = expected_tokens_per_step(alpha, gamma) if stats.drafted else float("nan")
-        identical = method.outputs == reference
+        identical = method.outputs == reference if method.greedy else "(sampled)"
         print(f"{method.name:28} {method.median_tps:7.1f} {stats.acceptance_rate:7.3f} "
               f"{alpha:6.3f} {stats.mean_accepted_length:5.2f} {bound:5.2f} {stats.steps:6d} "
               f"{stats.draft_seconds:8.2f} {stats.verify_seconds:8.2f} {identical}")
@@ -175,20 +251,36 @@ def report(methods: list[Method], args) -> str:
     chain = by_name["ours_draft_model"]
     speedup = chain.median_tps / by_name[baseline_name].median_tps
     vs_assisted = chain.median_tps / by_name["hf_assisted"].median_tps
-    tree_over_chain = (by_name[f"ours_tree_{args.node_budget}"].stats.mean_accepted_length
-                       / by_name[f"ours_chain_{args.node_budget}"].stats.mean_accepted_length)
+    tree_over_chain = tree_vs_chain(by_name, "demo", args.node_budget, 0.0)
     alpha = chain.stats.per_token_acceptance
-    identical = all(method.outputs == reference for method in methods if method.ours)
+    identical = all(method.outputs == reference for method in methods if method.ours and method.greedy)
     print(f"baseline={baseline_name} ({by_name[baseline_name].median_tps:.1f} tok/s); "
           f"draft_model gamma={args.gamma}: accepted/drafted={chain.stats.acceptance_rate:.3f}, "
           f"per-token alpha={alpha:.3f}, mean accepted length "
           f"{chain.stats.mean_accepted_length:.2f} vs E(alpha)={expected_tokens_per_step(alpha, args.gamma):.2f}; "
           f"acceptance by position {[round(a, 3) for a in chain.stats.acceptance_per_position]}")
+    print_tree_table(by_name, args)
     # acceptance= is the conservative figure, accepted / drafted
-    return (f"RESULT greedy_identical={str(identical).lower()} speedup_vs_baseline={speedup:.2f} "
-            f"speedup_vs_hf_assisted={vs_assisted:.2f} "
-            f"tree_over_chain_accept_len={tree_over_chain:.2f} "
-            f"acceptance={chain.stats.acceptance_rate:.3f}")
+    result = (f"RESULT greedy_identical={str(identical).lower()} speedup_vs_baseline={speedup:.2f} "
+              f"speedup_vs_hf_assisted={vs_assisted:.2f}")
+    if tree_over_chain is not None:
+        result += f" tree_over_chain_accept_len={tree_over_chain[0]:.2f}"
+    result += f" acceptance={chain.stats.acceptance_rate:.3f}"
+    result += _ratio_key(by_name, "tree_over_chain_accept_len_t1", "demo", 16, 1.0, 0)
+    result += _ratio_key(by_name, "tree_over_chain_tok_s_t1", "demo", 16, 1.0, 1)
+    result += _ratio_key(by_name, "tree_over_chain_accept_len_weak_t1", "weak", 16, 1.0, 0)
+    return result
+
+
+WEAK_STEPS = 20
+
+
+def _ints(text: str) -> list[int]:
+    return [int(item) for item in text.split(",") if item]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(item) for item in text.split(",") if item]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -200,8 +292,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=12, help="how many held-out prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4, help="chain draft length")
-    parser.add_argument("--node-budget", type=int, default=8, help="tree vs chain node budget")
-    parser.add_argument("--tree-width", type=int, default=2, help="children per tree node")
+    parser.add_argument("--node-budget", type=int, default=8,
+                        help="the budget of the greedy tree_over_chain_accept_len key")
+    parser.add_argument("--budgets", type=_ints, default=[8, 16], help="tree vs chain node budgets")
+    parser.add_argument("--temperatures", type=_floats, default=[0.0, 0.7, 1.0],
+                        help="tree vs chain temperatures (0: greedy)")
+    parser.add_argument("--weak-steps", type=int, default=WEAK_STEPS,
+                        help="distillation steps of the weak draft (0: no weak pair)")
+    parser.add_argument("--weak-corpus-chars", type=int, default=1_500_000,
+                        help="characters of the training split the weak draft is distilled on")
+    parser.add_argument("--tree-width", type=int, default=3, help="children per tree node at most")
     parser.add_argument("--tree-depth", type=int, default=0, help="default: the node budget")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1,
@@ -219,10 +319,12 @@ def main(argv: list[str] | None = None) -> int:
     target, draft, tokenizer = load_pair(args)
     prompts = load_prompts(args, tokenizer)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
-    methods = build_methods(args, target, draft, tokenizer.eos_token_id)
+    weak_draft = load_weak_draft(args, draft) if args.weak_steps else None
+    methods = build_methods(args, target, draft, tokenizer.eos_token_id, weak_draft)
     print(f"device={args.device} threads={torch.get_num_threads()} prompts={len(prompts)} "
           f"max_new_tokens={args.max_new_tokens} gamma={args.gamma} node_budget={args.node_budget} "
-          f"tree={args.tree_width}x{args.tree_depth or args.node_budget} repeats={args.repeats}")
+          f"budgets={args.budgets} temperatures={args.temperatures} tree_width={args.tree_width} "
+          f"weak_steps={args.weak_steps} repeats={args.repeats}")
     for method in methods:  # warm-up: allocator, lazy inits, HF generation config caches
         method.run(prompts[0])
     for _ in range(args.repeats):

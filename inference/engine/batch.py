@@ -248,11 +248,13 @@ class BatchedSpeculativeEngine:
         self.waiting.append(row)
 
     def _auto_drafter(self, request: BatchRequest) -> str:
-        available = [kind for kind in self.drafter_kinds() if kind != "tree"]
+        available = self.drafter_kinds()
         if request.config.seed is not None and not request.config.greedy:
             return available[0]  # reproducible: never depends on other requests' history
         return self.policy.choose_drafter(available, rows=max(1, len(self.rows)),
-                                          depth=request.draft_config.length)
+                                          depth=request.draft_config.length,
+                                          sampled=not request.config.greedy,
+                                          node_budget=request.draft_config.node_budget)
 
     def cancel(self, request_id: Hashable) -> None:
         """End a request at the next step boundary (finish reason "cancelled")."""
@@ -326,7 +328,7 @@ class BatchedSpeculativeEngine:
                 # the forward is as wide as its widest row, so drafting within it costs no more
                 width = max(width, self._row_depth(row, 0) + 1)
             else:
-                outlooks.append(RowOutlook(row.drafter_kind, self._depth_cap(row)))
+                outlooks.append(RowOutlook(row.drafter_kind, self._depth_cap(row), row.sampling is not None))
         decision = self.policy.decide(outlooks, other_rows=others, width=width)
         self.last_decision = decision
         return decision.depth
@@ -544,7 +546,8 @@ class BatchedSpeculativeEngine:
         row.finish_reason = finish_reason
         if tree.max_depth:
             row.schedule.update(tree.max_depth, accepted)
-            self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted)
+            self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
+                                           sampled=row.sampling is not None)
         stats = row.stats
         stats.record_step(len(tree), tree.max_depth, accepted)
         stats.new_tokens = len(row.generated)

@@ -24,7 +24,12 @@ from dataclasses import dataclass, field
 import torch
 
 # Priors, worth a few steps each: a drafter starts out assumed useful, so it gets measured.
-_PRIOR_ACCEPTANCE = {"draft_model": 0.7, "tree": 0.75, "ngram": 0.5}
+# Greedy and sampled rows are tracked apart: the recursive rejection over a tree's siblings
+# accepts more often than one chain's token under sampling, while under greedy decoding a
+# tree's siblings rarely hold the argmax (bench/README.md, "Tree vs chain"), so under greedy
+# the tree starts out no better than the chain and pays only once measured to.
+_PRIOR_ACCEPTANCE = {"draft_model": 0.7, "tree": 0.7, "ngram": 0.5}
+_PRIOR_SAMPLED_ACCEPTANCE = {"draft_model": 0.6, "tree": 0.7, "ngram": 0.4}
 _PRIOR_WEIGHT = 4.0
 # Exponential forgetting of acceptance counts, so the policy follows drift (new prompts, models).
 _DECAY = 0.995
@@ -132,6 +137,8 @@ class RowOutlook:
     drafter: str
     # the deepest draft the row may take this step (tokens and context left), 0 when none
     max_depth: int
+    # a sampled row (its acceptance is tracked apart from greedy rows')
+    sampled: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,14 +160,18 @@ class SpeculationPolicy:
         self.row_draft_seconds: dict[str, float] = {"ngram": 2e-5}
         self.acceptance: dict[str, AcceptanceTracker] = {}
 
-    def tracker(self, drafter: str) -> AcceptanceTracker:
-        tracker = self.acceptance.get(drafter)
+    def tracker(self, drafter: str, sampled: bool = False) -> AcceptanceTracker:
+        """Acceptance of `drafter` under greedy decoding, or under sampling when `sampled`."""
+        key = f"{drafter}@sampled" if sampled else drafter
+        tracker = self.acceptance.get(key)
         if tracker is None:
-            tracker = self.acceptance[drafter] = AcceptanceTracker(_PRIOR_ACCEPTANCE.get(drafter, 0.5))
+            priors = _PRIOR_SAMPLED_ACCEPTANCE if sampled else _PRIOR_ACCEPTANCE
+            tracker = self.acceptance[key] = AcceptanceTracker(priors.get(drafter, 0.5))
         return tracker
 
-    def observe_acceptance(self, drafter: str, depth: int, accepted: int) -> None:
-        self.tracker(drafter).observe(depth, accepted)
+    def observe_acceptance(self, drafter: str, depth: int, accepted: int,
+                           sampled: bool = False) -> None:
+        self.tracker(drafter, sampled).observe(depth, accepted)
 
     def observe_row_draft(self, drafter: str, depth: int, seconds: float) -> None:
         if depth > 0:
@@ -197,20 +208,28 @@ class SpeculationPolicy:
             tokens = float(other_rows)
             for outlook in outlooks:
                 reach = min(depth, outlook.max_depth) if outlook.drafter != "none" else 0
-                tokens += self.tracker(outlook.drafter).expected_tokens(reach)
+                tokens += self.tracker(outlook.drafter, outlook.sampled).expected_tokens(reach)
             seconds = self._seconds(rows, batched, per_row, depth, width)
             if best is None or tokens / seconds > best.expected_tokens / best.estimated_seconds:
                 best = PolicyDecision(depth, tokens, seconds)
         return best
 
-    def choose_drafter(self, available: list[str], rows: int, depth: int = 4) -> str:
-        """For `drafter: "auto"`: the available drafter with the best expected tokens per second."""
+    def choose_drafter(self, available: list[str], rows: int, depth: int = 4,
+                       sampled: bool = False, node_budget: int = 8) -> str:
+        """For `drafter: "auto"`: the available drafter with the best expected tokens per second.
+
+        A tree of `node_budget` nodes is verified in a forward that wide, not `depth + 1`: on a
+        CPU, where extra tokens cost real compute, that is what keeps it from being chosen
+        where its extra acceptance does not pay for its extra nodes.
+        """
         best, best_rate = available[0], -1.0
         for drafter in available:
             reach = 0 if drafter == "none" else depth
             per_row = [] if drafter in ("draft_model", "none") else [drafter]
-            seconds = self._seconds(rows, rows if drafter == "draft_model" else 0, per_row, reach, 1)
-            rate = self.tracker(drafter).expected_tokens(reach) / max(seconds, 1e-9)
+            width = node_budget + 1 if drafter == "tree" else 1
+            seconds = self._seconds(rows, rows if drafter == "draft_model" else 0, per_row, reach,
+                                    width)
+            rate = self.tracker(drafter, sampled).expected_tokens(reach) / max(seconds, 1e-9)
             if rate > best_rate:
                 best, best_rate = drafter, rate
         return best

@@ -15,7 +15,9 @@ from tests.tiny_models import build_tiny_pair
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine.py"
 RESULT = re.compile(r"^RESULT greedy_identical=(true|false) speedup_vs_baseline=[\d.]+ "
                     r"speedup_vs_hf_assisted=[\d.]+ tree_over_chain_accept_len=[\d.]+ "
-                    r"acceptance=[\d.]+$")
+                    r"acceptance=[\d.]+"
+                    r"( tree_over_chain_accept_len_t1=[\d.]+ tree_over_chain_tok_s_t1=[\d.]+)?"
+                    r"( tree_over_chain_accept_len_weak_t1=[\d.]+)?$")
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +49,24 @@ def test_bench_prints_a_result_line_and_identical_greedy_outputs(bench, tiny_mod
     assert RESULT.match(lines[-1]), lines[-1]
     assert "greedy_identical=true" in lines[-1]
     assert any(line.startswith("hf_assisted") for line in lines)
+
+
+def test_bench_measures_tree_against_chain_on_a_weak_draft_it_builds(bench, tiny_model_dir, capsys):
+    args = ["--model-dir", str(tiny_model_dir), "--prompts", "2", "--repeats", "1",
+            "--max-new-tokens", "12", "--threads", "1", "--budgets", "4,16", "--node-budget", "4",
+            "--temperatures", "0,1",
+            "--weak-steps", "2", "--weak-corpus-chars", "20000"]
+    assert bench.main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert RESULT.match(lines[-1]), lines[-1]
+    assert "greedy_identical=true" in lines[-1]  # the weak pair's greedy runs included
+    assert "tree_over_chain_accept_len_weak_t1=" in lines[-1]
+    assert any(line.startswith("weak_tree16_t1") for line in lines)
+    built = tiny_model_dir / "weak-draft-s2"
+    assert (built / "config.json").is_file()
+    stamp = (built / "config.json").stat().st_mtime_ns
+    assert bench.main(args) == 0  # cached: the second run reuses it
+    assert (built / "config.json").stat().st_mtime_ns == stamp
 
 
 def test_expected_tokens_per_step_bound(bench):

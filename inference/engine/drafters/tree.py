@@ -1,23 +1,29 @@
-"""Tree drafter: several branches from the draft model, all verified in one target forward.
+"""Tree drafter: a dynamic tree from the draft model, all its nodes verified in one target forward.
 
-Greedy decoding grows a best-first tree (as EAGLE-2 does): each level expands the top
-`tree_width` children of every frontier node, keeps the `tree_width` children with the best
-value as the next frontier, and after `tree_depth` levels the `node_budget` best nodes overall
-form the tree. A node's value is the estimated probability that the target accepts its whole
-path: the product of calibrated per-token agreement rates (see calibration.py), not raw draft
-probabilities, which a distilled draft gets badly wrong. A child never scores above its parent,
-so the selection is closed under ancestors. Every level is one draft forward over the frontier
-with a tree mask, on top of the draft's KV cache of the context.
+The tree grows as EAGLE-2's does, by path value: a node's value is the estimated probability
+that the target accepts its whole path, the product of calibrated per-sibling acceptance rates
+(see calibration.py; raw draft probabilities, which a distilled draft gets badly wrong, only
+pick the calibration cell). Each round is one draft forward over the nodes drawn in the round
+before; `plan_round` (tree_plan.py) then picks, among the known candidates and the expected
+descendants of every node, the `node_budget` best, and the known ones among them are drawn. A
+draft this close to its target therefore gets a chain (every node on the main line is worth
+more than any sibling), a weaker one a bushy tree, and nothing is drafted that the budget
+cannot keep. A step costs one draft forward per round but the last (whose nodes get no
+children): about as many as the tree is deep, where a chain of the same budget costs one per
+node.
 
-Sampling uses a shape fixed before any token is drawn, since choosing nodes by their sampled
-values would bias q: `tree_width` root children drawn without replacement from q, each
-continued by one sampled child per level, filled level by level up to `node_budget` nodes.
+Greedy decoding takes each node's candidates in order of draft probability (top-k). Sampling
+draws each node's children one after another without replacement from q, the node's row of
+the draft (what the recursive rejection over siblings assumes), and decides to draw a child
+before drawing it, from values known at that moment: a node's own token and q never decide
+whether it exists, so q is not biased and the verification stays lossless. Siblings are stored
+in the order they were drawn; all siblings carry their parent's row q.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -25,9 +31,12 @@ from transformers import PreTrainedModel
 from inference.engine.config import DraftConfig
 from inference.engine.draft_tree import DraftTree
 from inference.engine.drafters.base import DraftRequest
-from inference.engine.drafters.calibration import AcceptanceCalibration
+from inference.engine.drafters.calibration import AcceptanceCalibration, SiblingCalibration
 from inference.engine.drafters.draft_model import ModelBackedDrafter
-from inference.engine.sampling import sample_without_replacement, warp_probs
+from inference.engine.drafters.tree_plan import KnownSlots, plan_round
+from inference.engine.sampling import warp_probs
+
+ROOT = -1  # the context's last token, parent of the tree's first level
 
 
 class _GrowingTree:
@@ -42,16 +51,24 @@ class _GrowingTree:
         self.rows: list[torch.Tensor] = []
         self.ancestors = torch.zeros(capacity, capacity, dtype=torch.bool)
 
-    def add(self, token: int, parent: int, log_prob: float, log_value: float,
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def depth_of(self, node: int) -> int:
+        return 0 if node == ROOT else self.depths[node]
+
+    def score_of(self, node: int) -> float:
+        return 0.0 if node == ROOT else self.scores[node]
+
+    def add(self, token: int, parent: int, log_prob: float, score: float,
             # [vocab_size] the distribution the token was drawn from, or None
             row: torch.Tensor | None = None) -> int:
-        """Append a node; its score is the parent's plus `log_value`."""
         node = len(self.tokens)
         self.tokens.append(token)
         self.parents.append(parent)
-        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        self.depths.append(self.depth_of(parent) + 1)
         self.log_probs.append(log_prob)
-        self.scores.append(log_value + (self.scores[parent] if parent >= 0 else 0.0))
+        self.scores.append(score)
         if row is not None:
             self.rows.append(row)
         if parent >= 0:
@@ -74,28 +91,37 @@ class _GrowingTree:
         return torch.tensor([[context_length - 1 + self.depths[node] for node in frontier]],
                             dtype=torch.long, device=device)
 
-    def select(self, keep: list[int], with_rows: bool) -> tuple[DraftTree, dict[int, int]]:
-        """The sub-tree of `keep` (closed under ancestors), re-indexed parents first, and the
-        map from old to new node indices."""
-        keep = sorted(keep)
-        new_index = {old: new for new, old in enumerate(keep)}
-        return DraftTree(
-            token_ids=[self.tokens[node] for node in keep],
-            parent_ids=[new_index[self.parents[node]] if self.parents[node] >= 0 else -1
-                        for node in keep],
-            log_probs=[self.log_probs[node] for node in keep],
-            draft_probs=torch.stack([self.rows[node] for node in keep]) if with_rows else None,
-        ), new_index
+    def to_draft_tree(self, with_rows: bool) -> DraftTree:
+        return DraftTree(list(self.tokens), list(self.parents), list(self.log_probs),
+                         torch.stack(self.rows) if with_rows and self.rows else None)
 
 
 @dataclass
-class _Expansions:
-    """The candidates each expanded node of the last greedy tree offered, to learn from."""
+class _Expansion:
+    """One fed node's candidate children and what the calibration needs to learn from it.
+
+    Greedy: `tokens`/`probs` are its top-k candidates, `log_values` their calibrated values.
+    Sampling: `q` is its row of the draft, `top_probability` = max q, `log_values` the value of
+    the r-th sibling drawn; `children` lists the children drawn, in order.
+    """
+
+    log_values: list[float]
+    tokens: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    # [vocab_size]
+    q: torch.Tensor | None = None
+    top_probability: float = 0.0
+    children: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _LastTree:
+    """The last tree proposed, kept to learn from the path the target took through it."""
 
     context_length: int
     tree: DraftTree
-    # node index in `tree` (-1: the last context token) -> (candidate tokens, draft probabilities)
-    candidates: dict[int, tuple[list[int], list[float]]]
+    expansions: dict[int, _Expansion]
+    sampled: bool
 
 
 class TreeDrafter(ModelBackedDrafter):
@@ -105,9 +131,11 @@ class TreeDrafter(ModelBackedDrafter):
         super().__init__(draft, vocab_width, config)
         self.dtype = draft.dtype
         self.device = draft.device
-        # kept across generations: it describes the model pair, not one prompt
+        # kept across generations: they describe the model pair, not one prompt
         self.calibration = AcceptanceCalibration(ranks=config.tree_width)
-        self._last: _Expansions | None = None
+        self.sibling_calibration = SiblingCalibration(ranks=config.tree_width)
+        self._last: _LastTree | None = None
+        self.draft_forwards = 0  # forwards over tree nodes (the root's logits come from sync)
 
     @property
     def nominal_depth(self) -> int:
@@ -125,80 +153,13 @@ class TreeDrafter(ModelBackedDrafter):
             return DraftTree.empty()
         logits = self.runner.sync(context)
         try:
-            if request.sampling is None:
-                return self._best_first(logits, len(context), depth)
-            return self._sampled(logits, len(context), depth, request)
+            return self._grow(logits, len(context), depth, request)
         finally:
             self.runner.truncate(len(context))
 
-    def _learn(self, context: list[int]) -> None:
-        """Walk the last tree along the tokens the target chose; feed the calibration."""
-        last, self._last = self._last, None
-        if last is None:
-            return
-        node, position = -1, last.context_length
-        while node in last.candidates and position < len(context):
-            chosen = context[position]
-            tokens, probs = last.candidates[node]
-            self.calibration.observe(probs, [token == chosen for token in tokens])
-            node = next((child for child in last.tree.children[node + 1]
-                         if last.tree.token_ids[child] == chosen), None)
-            if node is None:
-                return
-            position += 1
+    # -- growing ------------------------------------------------------------------------------
 
-    def _expand(self, tree: _GrowingTree, frontier: range, context_length: int) -> torch.Tensor:
-        """Feed the frontier nodes to the draft; return their logits, [frontier, vocab]."""
-        mask = tree.frontier_mask(frontier, context_length, self.dtype, self.device)
-        positions = tree.frontier_positions(frontier, context_length, self.device)
-        return self.runner.forward_nodes([tree.tokens[n] for n in frontier], mask, positions)
-
-    def _best_first(
-        self,
-        # [vocab_size] draft logits after the last context token
-        logits: torch.Tensor,
-        context_length: int,
-        depth: int,
-    ) -> DraftTree:
-        width = self.config.tree_width
-        tree = _GrowingTree(width * depth)
-        candidates: dict[int, tuple[list[int], list[float]]] = {}
-        best = logits.softmax(dim=-1).topk(width)
-        tokens, probs = best.indices.tolist(), best.values.tolist()
-        candidates[-1] = (tokens, probs)
-        root_values = self.calibration.log_value(best.values[None])[0].tolist()
-        for token, prob, log_value in zip(tokens, probs, root_values):
-            tree.add(token, -1, _log(prob), log_value)
-        frontier = range(len(tree.tokens))
-        for _ in range(1, depth):
-            # [frontier, width]
-            best = self._expand(tree, frontier, context_length).softmax(dim=-1).topk(width)
-            tokens, probs = best.indices.tolist(), best.values.tolist()
-            for row, node in enumerate(frontier):
-                candidates[node] = (tokens[row], probs[row])
-            log_values = self.calibration.log_value(best.values)
-            parent_scores = torch.tensor([tree.scores[n] for n in frontier],
-                                         dtype=log_values.dtype, device=log_values.device)
-            # [frontier * width]
-            candidate_scores = (parent_scores[:, None] + log_values).flatten()
-            chosen = candidate_scores.topk(min(width, candidate_scores.numel())).indices.tolist()
-            flat_log_values = log_values.flatten().tolist()
-            start = len(tree.tokens)
-            for flat in sorted(chosen):
-                row, column = divmod(flat, width)
-                tree.add(tokens[row][column], frontier[row], _log(probs[row][column]),
-                         flat_log_values[flat])
-            frontier = range(start, len(tree.tokens))
-        order = sorted(range(len(tree.tokens)),
-                       key=lambda node: (-tree.scores[node], tree.depths[node], node))
-        selected, new_index = tree.select(order[: self.config.node_budget], with_rows=False)
-        self._last = _Expansions(
-            context_length, selected,
-            {(new_index[node] if node >= 0 else -1): offered
-             for node, offered in candidates.items() if node < 0 or node in new_index})
-        return selected
-
-    def _sampled(
+    def _grow(
         self,
         # [vocab_size] draft logits after the last context token
         logits: torch.Tensor,
@@ -207,27 +168,98 @@ class TreeDrafter(ModelBackedDrafter):
         request: DraftRequest,
     ) -> DraftTree:
         budget = self.config.node_budget
+        sampled = request.sampling is not None
         tree = _GrowingTree(budget)
-        q = warp_probs(logits[None], request.sampling)[0]
-        roots = sample_without_replacement(q, min(self.config.tree_width, budget), request.generator)
-        for token in roots:
-            log_q = float(q[token].log())
-            tree.add(token, -1, log_q, log_q, q)
-        frontier = range(len(tree.tokens))
-        for _ in range(1, depth):
-            room = budget - len(tree.tokens)
-            if room <= 0:
+        expansions = {ROOT: self._expansion(logits[None], request)[0]}
+        expected = (self.sibling_calibration.mean_log_slot_values() if sampled
+                    else self.calibration.mean_log_values())
+        while len(tree) < budget:
+            known = {node: KnownSlots(tree.score_of(node), tree.depth_of(node),
+                                      expansion.log_values[len(expansion.children):])
+                     for node, expansion in expansions.items()}
+            draws = plan_round(known, expected, budget - len(tree), depth)
+            start = len(tree)
+            for node in sorted(draws):
+                for _ in range(draws[node]):
+                    self._draw_child(tree, node, expansions[node], request)
+            new = range(start, len(tree))
+            if not new or len(tree) >= budget or all(tree.depths[n] >= depth for n in new):
                 break
-            frontier = range(frontier.start, frontier.start + min(len(frontier), room))
-            # [frontier, vocab_size]
-            q_rows = warp_probs(self._expand(tree, frontier, context_length), request.sampling)
-            children = torch.multinomial(q_rows, 1, generator=request.generator)[:, 0].tolist()
-            start = len(tree.tokens)
-            for parent, token, q_row in zip(frontier, children, q_rows):
-                log_q = float(q_row[token].log())
-                tree.add(token, parent, log_q, log_q, q_row)
-            frontier = range(start, len(tree.tokens))
-        return tree.select(list(range(len(tree.tokens))), with_rows=True)[0]
+            self.draft_forwards += 1
+            # [new nodes, vocab_size]
+            rows = self._feed(tree, new, context_length)
+            for node, expansion in zip(new, self._expansion(rows, request)):
+                expansions[node] = expansion
+        self._last = _LastTree(context_length, tree.to_draft_tree(False), expansions, sampled)
+        return tree.to_draft_tree(with_rows=sampled)
+
+    def _feed(self, tree: _GrowingTree, new: range, context_length: int) -> torch.Tensor:
+        """Feed the nodes drawn last to the draft; return their logits, [new, vocab_size]."""
+        mask = tree.frontier_mask(new, context_length, self.dtype, self.device)
+        positions = tree.frontier_positions(new, context_length, self.device)
+        return self.runner.forward_nodes([tree.tokens[n] for n in new], mask, positions)
+
+    def _expansion(
+        self,
+        # [rows, vocab_size] draft logits after each node
+        logits: torch.Tensor,
+        request: DraftRequest,
+    ) -> list[_Expansion]:
+        width = self.config.tree_width
+        if request.sampling is None:
+            best = logits.softmax(dim=-1).topk(min(width, logits.shape[-1]))
+            # [rows, width] non-increasing along each row: a weaker candidate never outranks
+            log_values = self.calibration.log_value(best.values).cummin(dim=-1).values
+            return [_Expansion(values, tokens, probs) for values, tokens, probs in
+                    zip(log_values.tolist(), best.indices.tolist(), best.values.tolist())]
+        q_rows = warp_probs(logits, request.sampling)
+        expansions = []
+        for q in q_rows:
+            top = float(q.max())
+            support = int((q > 0).sum())
+            values = self.sibling_calibration.log_slot_values(top)[: min(width, support)]
+            expansions.append(_Expansion(values, q=q, top_probability=top))
+        return expansions
+
+    def _draw_child(self, tree: _GrowingTree, parent: int, expansion: _Expansion,
+                    request: DraftRequest) -> None:
+        rank = len(expansion.children)
+        score = tree.score_of(parent) + expansion.log_values[rank]
+        if expansion.q is None:
+            token, prob = expansion.tokens[rank], expansion.probs[rank]
+            node = tree.add(token, parent, _log(prob), score)
+        else:
+            # without replacement: the siblings drawn so far are out of the running
+            weights = expansion.q.clone()
+            weights[[tree.tokens[child] for child in expansion.children]] = 0
+            token = int(torch.multinomial(weights, 1, generator=request.generator))
+            node = tree.add(token, parent, _log(float(expansion.q[token])), score, expansion.q)
+        expansion.children.append(node)
+
+    # -- learning -----------------------------------------------------------------------------
+
+    def _learn(self, context: list[int]) -> None:
+        """Walk the last tree along the tokens the target chose; feed the calibration."""
+        last, self._last = self._last, None
+        if last is None:
+            return
+        node, position = ROOT, last.context_length
+        while node in last.expansions and position < len(context):
+            chosen = context[position]
+            expansion = last.expansions[node]
+            children = last.tree.children[node + 1]
+            if last.sampled:
+                rank = next((r for r, child in enumerate(children)
+                             if last.tree.token_ids[child] == chosen), None)
+                tried = len(children) if rank is None else rank + 1
+                self.sibling_calibration.observe(expansion.top_probability, tried, rank)
+            else:
+                self.calibration.observe(expansion.probs,
+                                         [token == chosen for token in expansion.tokens])
+            node = next((child for child in children if last.tree.token_ids[child] == chosen), None)
+            if node is None:
+                return
+            position += 1
 
 
 def _log(probability: float) -> float:
