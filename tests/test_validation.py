@@ -19,6 +19,7 @@ from django.conf import settings
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
+from inference.engine import DRAFTERS as ENGINE_DRAFTERS
 from inference.engine import DraftConfig, GenerationConfig
 from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.loading import load_causal_lm
@@ -26,7 +27,7 @@ from inference.engine.sampling import SamplingParams, warp_probs
 from metadata.models import Session, TokenRecord
 
 URL = "/api/v1/generations/"
-DRAFTERS = ("draft_model", "ngram", "tree", "none")
+DRAFTERS = tuple(ENGINE_DRAFTERS)  # every drafter the API accepts, the suffix drafter included
 
 
 def queued_messages(queue: str = "cpu") -> int:
