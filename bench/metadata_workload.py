@@ -55,14 +55,15 @@ def load_big_session_candidates(session_id: uuid.UUID, created: dt.datetime, ste
 
 
 def load_sessions(tenant_id: int, target_id: int, count: int, recent: int, now: dt.datetime) -> int:
-    """``count`` finished sessions active over 30 days, ``recent`` of them in the last 20 minutes."""
+    """``count`` finished sessions active over 30 days, ``recent`` of them in the last 20 minutes;
+    ids are UUIDv7 of their created_at, as the application makes them."""
     return execute(
         "INSERT INTO metadata_session (id, tenant_id, created_at, updated_at, last_activity_at, status, target_id, "
-        "drafter, queue, prompt, prompt_tokens, params, token_count, text, finish_reason, error, stats) "
-        "SELECT gen_random_uuid(), %s, t, t, t, 'succeeded', %s, 'tree', 'cpu', 'bench', 8, '{}', 64, '', "
-        "'length', '', '{}' FROM ("
+        "drafter, queue, prompt, prompt_tokens, params, token_count, text, finish_reason, error, stats, attempts, "
+        f"worker) SELECT {uuid7_sql('t')}, %s, t, t, t, 'succeeded', %s, 'tree', 'cpu', 'bench', 8, '{{}}', 64, '', "
+        "'length', '', '{}', 0, '' FROM (SELECT date_trunc('milliseconds', t) AS t FROM ("
         "  SELECT %s - interval '1 hour' - random() * interval '30 days' AS t FROM generate_series(1, %s - %s)"
-        "  UNION ALL SELECT %s - random() * interval '20 minutes' FROM generate_series(1, %s)) picked",
+        "  UNION ALL SELECT %s - random() * interval '20 minutes' FROM generate_series(1, %s)) raw) picked",
         [tenant_id, target_id, now, count, recent, now, recent],
     )
 
@@ -90,3 +91,93 @@ def writer_process(url: str, archive_dir: str, created: dt.datetime, stop, resul
 
 def rows_between(batches: list[tuple[float, int]], start: float, end: float) -> int:
     return sum(rows for at, rows in batches if start <= at < end)
+
+
+# ------------------------------------------------------------------ partitioned sessions (issue 16)
+def uuid7_sql(moment: str) -> str:
+    """SQL for a UUIDv7 of ``moment`` (a timestamptz expression already truncated to the millisecond),
+    as ``metadata.ids.uuid7`` makes it: 48 bits of Unix milliseconds, version 7, variant 10, and
+    the rest random (hex digits 14-16 and 18-32 of a random v4 UUID, which skip its version and
+    variant digits)."""
+    rand = "replace(gen_random_uuid()::text, '-', '')"
+    return (f"(lpad(to_hex(floor(extract(epoch FROM {moment}) * 1000)::bigint), 12, '0') || '7' "
+            f"|| substr({rand}, 14, 3) || to_hex(8 + floor(random() * 4)::int) || substr({rand}, 18, 15))::uuid")
+
+
+# Shaped like metadata_session (metadata.models.Session): its columns, less the foreign keys.
+BENCH_SESSION_COLUMNS = """
+    id uuid NOT NULL, tenant_id bigint NOT NULL, created_at timestamptz NOT NULL, updated_at timestamptz NOT NULL,
+    last_activity_at timestamptz NOT NULL, status varchar(16) NOT NULL, target_id bigint NOT NULL,
+    drafter varchar(16) NOT NULL, queue varchar(32) NOT NULL, prompt text NOT NULL,
+    prompt_tokens integer NOT NULL CHECK (prompt_tokens >= 0), params jsonb NOT NULL,
+    token_count integer NOT NULL CHECK (token_count >= 0), text text NOT NULL, finish_reason varchar(16) NOT NULL,
+    error text NOT NULL, stats jsonb NOT NULL, started_at timestamptz, finished_at timestamptz"""
+BENCH_SESSION_INDEXES = (  # metadata.models.Session.Meta.indexes, with a suffix per table
+    "CREATE INDEX {table}_state_covering ON {table} (id) INCLUDE (status, token_count, updated_at, tenant_id)",
+    "CREATE INDEX {table}_live_partial ON {table} (last_activity_at) WHERE status IN ('queued', 'running')",
+    "CREATE INDEX {table}_tenant_recent ON {table} (tenant_id, created_at DESC, id)",
+)
+
+
+def create_bench_sessions(table: str, partitions: list[tuple[str, dt.datetime, dt.datetime]] | None) -> None:
+    """``table`` shaped like metadata_session: RANGE-partitioned on created_at (``partitions``: name,
+    start, end, plus a DEFAULT) with the key (id, created_at), or plain with the key (id)."""
+    if partitions is None:
+        execute(f"CREATE TABLE {table} ({BENCH_SESSION_COLUMNS}, PRIMARY KEY (id))")
+        return
+    execute(f"CREATE TABLE {table} ({BENCH_SESSION_COLUMNS}, PRIMARY KEY (id, created_at)) "
+            f"PARTITION BY RANGE (created_at)")
+    execute(f"CREATE TABLE {table}_default PARTITION OF {table} DEFAULT")
+    for name, start, end in partitions:
+        execute(f"CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM (%s) TO (%s)", [start, end])
+
+
+def index_bench_sessions(table: str) -> None:
+    for statement in BENCH_SESSION_INDEXES:
+        execute(statement.format(table=table))
+    execute(f"VACUUM (ANALYZE) {table}")
+
+
+def load_bench_sessions(table: str, day_start: dt.datetime, until: dt.datetime, count: int, live: int) -> int:
+    """``count`` sessions created in ``[day_start, until)`` with UUIDv7 ids of their created_at,
+    ``live`` of them queued or running (the rest finished)."""
+    return execute(
+        f"INSERT INTO {table} (id, tenant_id, created_at, updated_at, last_activity_at, status, target_id, drafter, "
+        f"queue, prompt, prompt_tokens, params, token_count, text, finish_reason, error, stats, started_at, "
+        f"finished_at) "
+        f"SELECT {uuid7_sql('t')}, 1 + g %% 50, t, t, t, CASE WHEN g <= %s THEN (ARRAY['queued', 'running'])[1 + g %% 2] "
+        f"ELSE 'succeeded' END, 1, 'tree', 'cpu', 'bench prompt ' || g, 8, '{{}}', 64, repeat('x', 64), 'length', '', "
+        f"'{{}}', t, t FROM (SELECT g, date_trunc('milliseconds', %s + random() * (%s - %s)) AS t "
+        f"FROM generate_series(1, %s) g) s",
+        [live, day_start, until, day_start, count],
+    )
+
+
+def session_writer_process(url: str, table: str, ids: list[str], stop, results) -> None:
+    """Write to ``table`` until ``stop``: each transaction inserts 5 new sessions (UUIDv7 of now) and
+    adds 1 to one existing session's token_count; report (commit time, inserted, updated) per
+    transaction and every error (writers should see none)."""
+    import random
+
+    import psycopg
+
+    rng = random.Random(os.getpid())
+    commits: list[tuple[float, int, int]] = []
+    errors: list[str] = []
+    insert = (f"INSERT INTO {table} (id, tenant_id, created_at, updated_at, last_activity_at, status, target_id, "
+              f"drafter, queue, prompt, prompt_tokens, params, token_count, text, finish_reason, error, stats) "
+              f"SELECT {uuid7_sql('t')}, 1, t, t, t, 'queued', 1, 'tree', 'cpu', 'writer', 8, '{{}}', 0, '', '', '', "
+              f"'{{}}' FROM (SELECT date_trunc('milliseconds', clock_timestamp()) AS t "
+              f"FROM generate_series(1, 5)) s")
+    update = f"UPDATE {table} SET token_count = token_count + 1, updated_at = now() WHERE id = %s"
+    with psycopg.connect(url, autocommit=True) as conn:
+        while not stop.is_set():
+            try:
+                with conn.transaction():
+                    inserted = conn.execute(insert).rowcount
+                    updated = conn.execute(update, (rng.choice(ids),)).rowcount
+                commits.append((time.time(), inserted, updated))
+            except psycopg.Error as exc:
+                errors.append(" ".join(str(exc).split()))
+            time.sleep(0.002)
+    results.put((commits, errors))

@@ -33,6 +33,7 @@ from metadata.models import (
     Tenant,
     TenantMembership,
 )
+from metadata.archival.families import archived_days
 from metadata.partitions import PartitionError, PartitionRotation, catalog
 from metadata.partitions.lifecycle import PartitionPolicy
 from metadata.partitions.recent_index import existing_indexes
@@ -169,6 +170,9 @@ def partitions_context(user=None) -> dict:
     archives = list(PartitionArchivalJob.objects.using("default").filter(step=ArchivalStep.DROPPED)
                     .exclude(archive_path="").order_by("-finished_at", "-pk")[:ARCHIVES_LISTED])
     restored = maintenance.restored_job_ids(archives)
+    days = [{"day": day, "jobs": [{"job": job, "restored": restored.get(job.pk, "")} for job in day.ordered_jobs()],
+             "restore_job": next((job for job in day.ordered_jobs() if job.pk not in restored), None)}
+            for day in archived_days(archives) if day.complete]
     plan_lines, plan_error = rotation_plan()
     may = {action: bool(user and user.has_perm(permission)) for action, permission in MAINTENANCE_PERMISSIONS.items()}
     return {
@@ -179,6 +183,7 @@ def partitions_context(user=None) -> dict:
         # The primary, like the catalog reads above, so jobs and partitions agree.
         "open_jobs": PartitionArchivalJob.objects.using("default").exclude(step="dropped").order_by("range_start"),
         "archives": [{"job": job, "restored": restored.get(job.pk, "")} for job in archives],
+        "archived_days": days,
         "plan_lines": plan_lines,
         "plan_error": plan_error,
         "may": may,

@@ -1,20 +1,30 @@
-"""The metadata store: tenants, the hot session table, and the partitioned history tables.
+"""The metadata store: tenants, sessions, and their partitioned history tables.
 
-Token history, candidates and the request log are RANGE-partitioned on a time column (created by
-``metadata.partitions.migration_operations.CreatePartitionedModel``). Every primary key includes that column
-(PostgreSQL requires it). Tokens and candidates are partitioned on their session's creation time,
-so one session's rows live in one partition and a redelivered task's rows collide on the natural
-key (``ON CONFLICT DO NOTHING``) instead of being written twice.
+Sessions, token history, candidates and the request log are RANGE-partitioned on a time column
+(created by ``metadata.partitions.migration_operations.CreatePartitionedModel``; the sessions
+table was converted in place by ``metadata.partitions.conversion``). Every primary key in the
+database includes that column (PostgreSQL requires it). Tokens and candidates are partitioned on
+their session's creation time, so one session's rows live in the partition of the same day as the
+session itself (one unit to archive and restore), and a redelivered task's rows collide on the
+natural key (``ON CONFLICT DO NOTHING``) instead of being written twice.
+
+A session's id is a UUIDv7 of its ``created_at`` (``metadata.ids``): every lookup by id
+through ``Session.objects`` adds the partition key the id carries, so PostgreSQL reads one
+partition (``SessionQuerySet``).
 """
 from __future__ import annotations
 
+import datetime as dt
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from metadata.ids import created_at_of, is_uuid7, to_millisecond, uuid7
 
 
 class Tenant(models.Model):
@@ -46,10 +56,49 @@ class SessionStatus(models.TextChoices):
 LIVE_STATUSES = (SessionStatus.QUEUED, SessionStatus.RUNNING)
 
 
-class Session(models.Model):
-    """One generation: its request, its state, and its outcome. Hot and not partitioned."""
+def partition_key_filter(lookups: dict[str, Any]) -> dict[str, Any]:
+    """``lookups`` plus the ``created_at`` the session id(s) in them carry, when every id is a UUIDv7.
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    ``pk=<v7>`` adds ``created_at=<its time>``; ``pk__in=[v7, ...]`` adds ``created_at__in``
+    (exact: a UUIDv7 session's created_at is its id's time). Ids made before UUIDv7 add nothing:
+    their lookup reads one index per partition.
+    """
+    if any(key == "created_at" or key.startswith("created_at__") for key in lookups):
+        return lookups
+    for key in ("pk", "id"):
+        if key in lookups:
+            when = created_at_of(lookups[key]) if lookups[key] is not None else None
+            return {**lookups, "created_at": when} if when is not None else lookups
+    for key in ("pk__in", "id__in"):
+        values = lookups.get(key)
+        if isinstance(values, (list, tuple, set, frozenset)) and values:
+            times = [created_at_of(value) for value in values]
+            if all(when is not None for when in times):
+                return {**lookups, "created_at__in": sorted(set(times))}
+            return lookups
+    return lookups
+
+
+class SessionQuerySet(models.QuerySet):
+    """Filters by session id carry the partition key the id holds (see ``partition_key_filter``).
+
+    ``get()``, ``Model.save()``'s UPDATE, ``refresh_from_db()`` and ``bulk_update()`` all filter
+    through here (``Meta.base_manager_name``), so they prune to one partition too.
+    """
+
+    def filter(self, *args: Any, **kwargs: Any) -> SessionQuerySet:
+        return super().filter(*args, **partition_key_filter(kwargs))
+
+
+class Session(models.Model):
+    """One generation: its request, its state, and its outcome. Partitioned by ``created_at``.
+
+    The id and ``created_at`` are made together: a new session's id is the UUIDv7 of its
+    ``created_at`` (to the millisecond; given or now), and a session given a UUIDv7 id takes
+    its time as ``created_at``. Ids of version 4 (sessions made before UUIDv7) keep working.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="sessions")
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -84,7 +133,15 @@ class Session(models.Model):
     # broker may have lost it): a session queued long after this gets another task.
     enqueued_at = models.DateTimeField(null=True, blank=True)
 
+    objects = SessionQuerySet.as_manager()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not args:  # made in code; rows loaded from the database come positionally (Model.from_db)
+            kwargs = _matching_id_and_time(kwargs)
+        super().__init__(*args, **kwargs)
+
     class Meta:
+        base_manager_name = "objects"
         indexes = [
             # The hottest read, state by session id, served by an index-only scan.
             models.Index(
@@ -103,6 +160,27 @@ class Session(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
+
+
+def _matching_id_and_time(fields: dict[str, Any]) -> dict[str, Any]:
+    """A new session's id and ``created_at`` made to agree (``Session``'s docstring)."""
+    given = fields.get("id", fields.get("pk"))
+    when = fields.get("created_at")
+    if when is not None and not isinstance(when, dt.datetime):
+        return fields  # not a time: left for the field's own validation to refuse
+    if given is None:
+        created = to_millisecond(when or timezone.now())
+        fields = {k: v for k, v in fields.items() if k != "pk"}
+        return {**fields, "id": uuid7(created), "created_at": created}
+    if not is_uuid7(given):
+        return fields
+    carried = created_at_of(given)
+    if when is None:
+        return {**fields, "created_at": carried}
+    if to_millisecond(when) != carried:
+        raise ValueError(f"session {given} is a UUIDv7 of {carried.isoformat()}; created_at "
+                         f"{when.isoformat()} differs (an id carries its creation time)")
+    return {**fields, "created_at": carried}
 
 
 class TokenKind(models.IntegerChoices):
@@ -251,6 +329,7 @@ class StatementBaseline(models.Model):
 
 # table -> RANGE partition column, for the migrations and the partition lifecycle.
 PARTITIONED_TABLES: dict[str, str] = {
+    Session._meta.db_table: "created_at",
     TokenRecord._meta.db_table: "session_created_at",
     Candidate._meta.db_table: "session_created_at",
     RequestLog._meta.db_table: "requested_at",

@@ -26,6 +26,14 @@ class Conflict(APIException):
     default_code = "conflict"
 
 
+class Gone(APIException):
+    """410: the resource existed and was moved out of the database (an archived session's day)."""
+
+    status_code = 410
+    default_detail = "the resource is no longer in the database."
+    default_code = "gone"
+
+
 class ModelBuilding(APIException):
     """503: the requested model is still being built; ``Retry-After`` says when to ask again.
 

@@ -256,3 +256,39 @@ def _started(response) -> int:
     assert run is not None and any(f"Run {run.pk} (" in m and "is queued" in m for m in messages_of(response)), \
         messages_of(response)
     return run.pk
+
+
+def test_a_day_of_sessions_is_shown_and_restored_as_one_unit(partitioned, admin_client, worker_archive_dir) -> None:
+    from inference.models import ModelVersion
+    from metadata.models import Session, SessionStatus, Tenant
+
+    policy = PartitionPolicy.from_settings()
+    start = bin_start(timezone.now() - policy.retention - dt.timedelta(days=5), policy.interval)
+    bounds = TimeRange(start, start + policy.interval)
+    family = ("metadata_session", TOKENS, "metadata_candidate")
+    names = {table: PartitionMaker(table, PARTITIONED_TABLES[table], policy, lambda _: None).make(bounds)[0][0]
+             for table in family}
+    target = ModelVersion.objects.create(name="m", version="1", role="target", path="/nonexistent", context_length=64)
+    session = Session.objects.create(tenant=Tenant.objects.create(name="t"), target=target, drafter="none",
+                                     queue="cpu", prompt="p", prompt_tokens=1, status=SessionStatus.SUCCEEDED,
+                                     created_at=start + dt.timedelta(hours=2))
+    insert_tokens(session.created_at, 30, session_id=session.pk)
+    for table in family:  # what a rotation past the retention does, one table after the other
+        assert finished(_started(post(admin_client, "archive", {"partition": names[table]}))).status == "succeeded"
+    assert not Session.objects.filter(pk=session.pk).exists() and token_keys() == set()
+
+    page = admin_client.get(reverse(PAGE)).content.decode()
+    day_row = page.split('id="archived-days"')[1].split("</table>")[0]
+    assert f"{start:%Y-%m-%d %H:%M}" in day_row and 'value="Restore this day"' in day_row
+    assert "<code>metadata_session</code> 1" in day_row and "<code>metadata_token</code> 30" in day_row
+    session_job = PartitionArchivalJob.objects.get(parent_table="metadata_session", step=ArchivalStep.DROPPED)
+    assert f'name="job" value="{session_job.pk}">' in day_row
+
+    restored = finished(_started(post(admin_client, "restore", {"job": session_job.pk, "attach": "1"})))
+
+    assert restored.status == "succeeded", (restored.error, restored.outcome)
+    assert restored.outcome["tables"] == [names[t] for t in family] and restored.outcome["rows"] == 31
+    assert Session.objects.get(pk=session.pk).status == SessionStatus.SUCCEEDED
+    assert len(token_keys()) == 30 and all(catalog.attachment(names[t]) == (t, False) for t in family)
+    day_row = admin_client.get(reverse(PAGE)).content.decode().split('id="archived-days"')[1].split("</table>")[0]
+    assert 'value="Restore this day"' not in day_row and "restored" in day_row

@@ -42,7 +42,7 @@ def past_session(tenant, target, minutes_ago: float, tokens: list[int] | None = 
         params={"max_new_tokens": len(tokens)}, status=status, token_count=len(tokens),
         created_at=created, finished_at=created)
     TokenRecord.objects.bulk_create(
-        TokenRecord(session_id=session.pk, session_created_at=created, position=position, step=position,
+        TokenRecord(session_id=session.pk, session_created_at=session.created_at, position=position, step=position,
                     token_id=token_id, piece="", kind=TokenKind.TARGET)
         for position, token_id in enumerate(tokens))
     return session, tokens

@@ -70,7 +70,7 @@ def claim(session: Session) -> bool:
     """Take the session's lease: only when it is queued, or running with a lapsed lease."""
     now = timezone.now()
     lapsed = Q(status=SessionStatus.RUNNING) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-    claimed = Session.objects.filter(Q(pk=session.pk) & (Q(status=SessionStatus.QUEUED) | lapsed)).update(
+    claimed = Session.objects.filter(Q(status=SessionStatus.QUEUED) | lapsed, pk=session.pk).update(
         status=SessionStatus.RUNNING, started_at=Coalesce(F("started_at"), Value(now)),
         updated_at=now, last_activity_at=now, lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S),
         worker=socket.gethostname(), attempts=F("attempts") + 1)

@@ -5,13 +5,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from redis.exceptions import RedisError
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 
 from metadata.api.pagination import (
@@ -25,10 +25,11 @@ from metadata.api.serializers import (
     TokenSerializer,
 )
 from metadata.api.tenancy import tenant_of
+from metadata.archival.families import archived_session_job
 from metadata.models import Candidate, Session, TokenRecord
 from metadata.sessions import history, token_stream
 from metadata.sessions.state import get_session_detail, get_session_state
-from specops.api_errors import Conflict
+from specops.api_errors import Conflict, Gone
 from specops.async_views import Refused, authorize, run_db
 from specops.conf import conf as project_conf
 from specops.error_views import error_response
@@ -36,6 +37,21 @@ from specops.ops.session_actions import cancel_sessions
 from specops.sse import HEARTBEAT, sse_message, sse_response
 
 logger = logging.getLogger(__name__)
+
+
+def absent_session(pk, request) -> APIException:
+    """Why session ``pk`` is not found: 410 Gone if its day's partition was archived (staff see
+    the archive), else 404. Which tenant an archived session had is in the archive only, so the
+    410 says no more than that a session of that id would have been archived."""
+    job = archived_session_job(pk) if pk is not None else None
+    if job is None:
+        return NotFound()
+    body = {"detail": f"session {pk} is archived: its day ({job.range_start:%Y-%m-%d %H:%M} to "
+                      f"{job.range_end:%Y-%m-%d %H:%M} UTC) was moved to cold storage with its tokens and "
+                      "candidates."}
+    if getattr(request.user, "is_staff", False):
+        body.update(archive=job.archive_path, archival_job=job.pk)
+    return Gone(body)
 
 
 class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -52,10 +68,18 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         except ValueError:  # not a UUID
             session = None
         tenant = tenant_of(request.user)
-        if session is None or tenant is None or session.tenant_id != tenant.pk:
+        if session is None:
+            raise absent_session(pk, request)
+        if tenant is None or session.tenant_id != tenant.pk:
             raise NotFound()  # another tenant's session is as absent as a missing one
         self.check_object_permissions(request, session)
         return Response(self.get_serializer(session).data)
+
+    def get_object(self):
+        try:
+            return super().get_object()
+        except Http404:
+            raise absent_session(self.kwargs.get("pk"), self.request) from None
 
     def _history(self, model, serializer_class, pagination_class):
         session = self.get_object()  # 404 for another tenant's session
@@ -119,7 +143,11 @@ async def session_stream(request: HttpRequest, pk) -> HttpResponse:
     except Refused as exc:
         return error_response(request, exc.status, exc.message, code=exc.code, headers=exc.headers)
     state = await run_db(get_session_state, pk)
-    if state is None or state["tenant_id"] != caller.tenant.pk:
+    if state is None:
+        absent = await run_db(absent_session, pk, request)
+        return error_response(request, absent.status_code, absent.detail["detail"] if isinstance(
+            absent.detail, dict) else "Not found.")
+    if state["tenant_id"] != caller.tenant.pk:
         return error_response(request, 404, "Not found.")  # another tenant's session is as absent as a missing one
     return sse_response(_session_events(pk, after))
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from metadata.archival import files
 from metadata.conf import conf
-from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
+from metadata.models import LIVE_STATUSES, PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob, Session
 from metadata.partitions import catalog
 from metadata.partitions.errors import ArchivalError, ArchiveIntegrityError
 from metadata.partitions.locks import (
@@ -184,6 +184,7 @@ class PartitionArchiver:
             raise ArchivalError(
                 f"{job.partition} has bounds {info.bounds}, not the job's [{job.range_start}, {job.range_end})"
             )
+        self._refuse_live_sessions(job)
         detach = f"ALTER TABLE {quote(parent)} DETACH PARTITION {quote(job.partition)}"
         if pending:
             autocommit_with_lock_retries(f"{detach} FINALIZE", f"finalize detach of {job.partition}", self.using)
@@ -191,6 +192,18 @@ class PartitionArchiver:
             autocommit_with_lock_retries(f"{detach} CONCURRENTLY", f"detach {job.partition}", self.using)
         else:
             with_lock_retries(lambda: _execute(detach, self.using), f"detach {job.partition}", self.using)
+
+    def _refuse_live_sessions(self, job: PartitionArchivalJob) -> None:
+        """A sessions partition is archived only once none of its sessions is queued or running:
+        their worker would write to a session that is gone. The job fails and the next run retries."""
+        if job.parent_table != Session._meta.db_table:
+            return
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {quote(job.partition)} WHERE status = ANY(%s)",
+                           [[str(s) for s in LIVE_STATUSES]])
+            live = cursor.fetchone()[0]
+        if live:
+            raise ArchivalError(f"{job.partition} still has {live} live session(s); it is archived once they end")
 
     def _export(self, job: PartitionArchivalJob) -> dict:
         if not self._is_ours(job) or catalog.attachment(job.partition, self.using) is not None:

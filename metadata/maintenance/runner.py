@@ -22,16 +22,15 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import asdict
-from pathlib import Path
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from metadata.archival import restore_archive
+from metadata.archival.families import ArchivedDay, day_of, restore_day
 from metadata.maintenance.requests import FINISHED
 from metadata.models import ArchivalStep, MaintenanceAction, MaintenanceRun, MaintenanceRunStatus, PartitionArchivalJob
-from metadata.partitions import ArchivalError, MaintenanceLockBusy, PartitionRotation
+from metadata.partitions import ArchivalError, MaintenanceLockBusy, PartitionRotation, TimeRange, catalog
 from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK, advisory_lock
 
 logger = logging.getLogger(__name__)
@@ -129,18 +128,27 @@ def archive(run: MaintenanceRun, progress: RunProgress) -> Outcome:
 
 
 def restore(run: MaintenanceRun, progress: RunProgress) -> Outcome:
-    """Restore the archive of job ``run.archival_job_id``, verified, standalone or attached."""
+    """Restore the archive of job ``run.archival_job_id``, verified, standalone or attached; a day
+    of sessions comes back whole: the sessions with their tokens and candidates (``families``)."""
     job = PartitionArchivalJob.objects.using(DB).filter(pk=run.archival_job_id).first()
     if job is None or not job.archive_path:
         raise ArchivalError(f"archival job {run.archival_job_id} and its archive are gone")
     attach = bool(run.options.get("attach"))
+    day = day_of(job, DB) or ArchivedDay(TimeRange(job.range_start, job.range_end), {job.parent_table: job})
+    # A sibling whose table exists again was restored already (the requested one was checked).
+    jobs = [j for j in day.ordered_jobs() if j.pk == job.pk or not catalog.relation_exists(j.partition, DB)]
     progress.steps = lambda line, done: done + 1 if RESTORED.match(line) or ATTACHED.match(line) else done
-    progress.start(2 + attach, f"{job.partition}: restoring {job.archive_path}")
+    progress.start(len(jobs) * (2 + attach), f"{job.partition}: restoring {len(jobs)} archive(s) of its day")
     with advisory_lock(PARTITION_MAINTENANCE_LOCK, DB):
-        result = restore_archive(Path(job.archive_path), attach=attach, progress=progress)
-    where = "attached to its parent" if result.attached else "as a standalone table"
-    return {"table": result.table, "rows": result.rows, "checksum": result.checksum, "attached": result.attached,
-            "summary": f"{result.rows} row(s) restored into {result.table} {where}"}, ""
+        results = restore_day(ArchivedDay(day.bounds, {j.parent_table: j for j in jobs}), attach=attach,
+                              progress=progress, using=DB)
+    one = len(results) == 1
+    where = ("attached to its parent" if one else "attached to their parents") if attach else (
+        "as a standalone table" if one else "as standalone tables")
+    rows = sum(r.rows for r in results)
+    return {"tables": [r.table for r in results], "table": results[0].table, "rows": rows,
+            "checksums": {r.table: r.checksum for r in results}, "attached": attach,
+            "summary": f"{rows} row(s) restored into {', '.join(r.table for r in results)} {where}"}, ""
 
 
 ACTIONS: dict[str, Callable[[MaintenanceRun, RunProgress], Outcome]] = {

@@ -12,7 +12,8 @@ Modules: ``bounds`` (ranges, bins, the interval setting), ``catalog`` (what exis
 partition, draining DEFAULT), ``ddl`` (the one ATTACH with CHECK), ``locks`` (advisory locks,
 lock_timeout retries, SQL literals), ``pacing``, ``recent_index`` (the recent-activity partial
 index), ``beat_jobs`` (the beat schedule), ``post_migrate`` (partitions made at ``migrate``),
-``migration_operations`` (``CreatePartitionedModel``), ``errors``.
+``migration_operations`` (``CreatePartitionedModel``), ``conversion`` (turn a live unpartitioned
+table into a partitioned one, online and resumable: ``convert_to_partitioned``), ``errors``.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from metadata.partitions import catalog
 from metadata.partitions.beat_jobs import MAINTENANCE_QUEUE, PeriodicJob, periodic_jobs, register_periodic_tasks
 from metadata.partitions.bounds import TimeRange, bin_start, bins, parse_interval, partition_name, uncovered
 from metadata.partitions.catalog import DefaultPartitionState, PartitionInfo
+from metadata.partitions.conversion import ConversionReport, TableConversionError, convert_to_partitioned
 from metadata.partitions.errors import (
     ArchivalError,
     ArchiveIntegrityError,
@@ -44,6 +46,7 @@ from metadata.partitions.recent_index import RecentIndexPolicy, existing_indexes
 __all__ = [
     "MAINTENANCE_QUEUE", "PARTITION_MAINTENANCE_LOCK", "RECENT_INDEX_LOCK",
     "ArchivalError", "ArchiveIntegrityError", "BadIntervalError", "BoundsError", "ConcurrentDDLInTransaction",
+    "ConversionReport", "TableConversionError", "convert_to_partitioned",
     "CreatePartitionedModel", "DefaultPartitionState", "LockRetriesExhausted", "MaintenanceLockBusy", "Pacer",
     "PartitionArchival", "PartitionCreation", "PartitionError", "PartitionInfo", "PartitionLookupError",
     "PartitionOverlapError", "PartitionPolicy", "PartitionPolicyError", "PartitionRotation", "PeriodicJob",

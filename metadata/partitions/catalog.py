@@ -165,6 +165,14 @@ def relation_exists(name: str, using: str = DEFAULT_DB_ALIAS) -> bool:
         return bool(cursor.fetchone()[0])
 
 
+def is_partitioned(name: str, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Is ``name`` a partitioned table (relkind ``p``)?"""
+    with _cursor(using) as cursor:
+        cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", [name])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
 def relation_oid(name: str, using: str = DEFAULT_DB_ALIAS) -> int | None:
     """The OID of the relation called ``name`` now (None if there is none)."""
     with _cursor(using) as cursor:

@@ -2,7 +2,8 @@
 
 A partition is made as a standalone table ``LIKE`` the parent with a CHECK on its bounds
 (``metadata.partitions.ddl``), filled with the DEFAULT partition's rows of its range in committed
-batches, then attached in one short transaction under ``lock_timeout`` (retried) that takes SHARE
+batches, given the parent's indexes (built on the standalone table, blocking no one), then
+attached in one short transaction under ``lock_timeout`` (retried) that takes SHARE
 on the parent, locks DEFAULT and moves the last stragglers (so ATTACH never meets a row it would
 refuse), and ATTACHes.
 
@@ -18,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from metadata.partitions import catalog
 from metadata.partitions.bounds import TimeRange, partition_name, uncovered
-from metadata.partitions.ddl import attach_checked_table, create_checked_table
+from metadata.partitions.ddl import attach_checked_table, build_parent_indexes, create_checked_table
 from metadata.partitions.locks import literal, quote, with_lock_retries
 from metadata.partitions.pacing import Pacer
 from metadata.partitions.policy import PartitionPolicy
@@ -88,6 +89,8 @@ class PartitionMaker:
     def _fill_and_attach(self, name: str, bounds: TimeRange) -> int:
         default = catalog.default_partition(self.parent, self.using)
         moved = self._drain(default.name, name, bounds) if default is not None else 0
+        with transaction.atomic(using=self.using):
+            build_parent_indexes(self.parent, name, self.using)  # before the ATTACH, not under its lock
 
         def move_stragglers(cursor) -> int:
             if default is None:

@@ -4,8 +4,9 @@ PostgreSQL refuses ``now()`` in an index predicate (it must be IMMUTABLE), so "s
 in the last 30 minutes" is served by ``... WHERE last_activity_at > '<cutoff literal>'`` where the
 cutoff sits ``window + 2 * rotation period`` in the past: until the index after next replaces it,
 every "last ``window`` minutes" query still implies the predicate. Rotation builds the new index
-with ``CREATE INDEX CONCURRENTLY`` (writers keep writing), then drops the old ones
-``CONCURRENTLY``; an invalid leftover of a crashed build is dropped too.
+with ``CREATE INDEX CONCURRENTLY`` (writers keep writing; on the partitioned sessions table one
+partition at a time, each part attached to an index ``ON ONLY`` the parent), then drops the old
+ones; an invalid leftover of a crashed build is dropped too.
 
 The planner can only use the index when the query's cutoff is a constant it can compare with
 the predicate, so ask with a value computed in Python (``recent_sessions``), not ``now() - ...``.
@@ -22,8 +23,16 @@ from django.utils import timezone
 
 from metadata.conf import conf
 from metadata.models import Session
+from metadata.partitions import catalog
 from metadata.partitions.errors import ConcurrentDDLInTransaction
-from metadata.partitions.locks import RECENT_INDEX_LOCK, advisory_lock, literal, quote, session_connection
+from metadata.partitions.locks import (
+    RECENT_INDEX_LOCK,
+    advisory_lock,
+    literal,
+    quote,
+    session_connection,
+    with_lock_retries,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -105,13 +114,8 @@ def rotate_recent_index(
             name = index_name(wanted)
             for stale in (i for i in existing_indexes(using) if i.name == name):  # an invalid leftover
                 _drop(stale.name, using)
-            table = quote(Session._meta.db_table, using)
             try:
-                _concurrently(
-                    f"CREATE INDEX CONCURRENTLY {quote(name, using)} ON {table} ({quote(COLUMN, using)}) "
-                    f"WHERE {quote(COLUMN, using)} > {literal(wanted, using)}",
-                    using,
-                )
+                _build(name, wanted, using)
             except Exception:
                 _drop(name, using)  # a failed concurrent build leaves an INVALID index behind
                 raise
@@ -121,6 +125,45 @@ def rotate_recent_index(
             if other.name != current.name:
                 _drop(other.name, using)
         return current.name
+
+
+def _build(name: str, cutoff: dt.datetime, using: str) -> None:
+    """Build the index ``name`` without blocking writers.
+
+    On a partitioned table ``CREATE INDEX CONCURRENTLY`` is refused, so the parent gets an index
+    ``ON ONLY`` itself (invalid, empty), each partition its own index built concurrently, and
+    each is attached; the parent's index is valid once every partition's is attached. Partitions
+    made later get theirs at their ATTACH.
+    """
+    table = Session._meta.db_table
+    column = quote(COLUMN, using)
+    predicate = f"WHERE {column} > {literal(cutoff, using)}"
+    partitions = [p.name for p in catalog.list_partitions(table, using)] if catalog.is_partitioned(table, using) else []
+    if not partitions:
+        _concurrently(f"CREATE INDEX CONCURRENTLY {quote(name, using)} ON {quote(table, using)} ({column}) {predicate}",
+                      using)
+        return
+    with_lock_retries(lambda: _execute(f"CREATE INDEX IF NOT EXISTS {quote(name, using)} "
+                                       f"ON ONLY {quote(table, using)} ({column}) {predicate}", using),
+                      f"create {name} on {table}", using)
+    for partition in partitions:
+        child = partition_index_name(name, table, partition)
+        _concurrently(f"DROP INDEX CONCURRENTLY IF EXISTS {quote(child, using)}", using)  # a crashed build's
+        _concurrently(f"CREATE INDEX CONCURRENTLY {quote(child, using)} ON {quote(partition, using)} ({column}) "
+                      f"{predicate}", using)
+        _execute(f"ALTER INDEX {quote(name, using)} ATTACH PARTITION {quote(child, using)}", using)
+
+
+def partition_index_name(name: str, table: str, partition: str) -> str:
+    """One partition's part of index ``name``: ``name`` and the partition's suffix (``p20300601``,
+    ``default``), so a plan that uses the part names the index (at most 63 bytes)."""
+    suffix = partition[len(table) + 1:] if partition.startswith(table + "_") else partition
+    return f"{name}_{suffix}"[:63]
+
+
+def _execute(statement: str, using: str) -> None:
+    with connections[using].cursor() as cursor:
+        cursor.execute(statement)
 
 
 def _concurrently(statement: str, using: str) -> None:
@@ -137,5 +180,10 @@ def _concurrently(statement: str, using: str) -> None:
 
 
 def _drop(name: str, using: str) -> None:
-    _concurrently(f"DROP INDEX CONCURRENTLY IF EXISTS {quote(name, using)}", using)
+    """Drop the index ``name``: concurrently on a plain table; on a partitioned one (where
+    CONCURRENTLY is refused) with its partitions' parts, under ``lock_timeout`` with retries."""
+    if catalog.is_partitioned(Session._meta.db_table, using):
+        with_lock_retries(lambda: _execute(f"DROP INDEX IF EXISTS {quote(name, using)}", using), f"drop {name}", using)
+    else:
+        _concurrently(f"DROP INDEX CONCURRENTLY IF EXISTS {quote(name, using)}", using)
     logger.info("dropped %s", name)

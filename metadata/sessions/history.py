@@ -28,6 +28,7 @@ from itertools import groupby
 
 from django.db.models import Subquery
 
+from metadata.ids import created_at_of
 from metadata.models import Session, TokenRecord
 from metadata.sessions import token_stream
 from metadata.sessions.token_stream import StreamEntry, step_entry_id
@@ -43,10 +44,11 @@ Committed = Callable[[int], Awaitable[list[StreamEntry]]]
 def committed_steps(session_id, from_step: int = 0) -> list[StreamEntry]:
     """The session's committed steps from ``from_step`` on, as ``tokens`` stream entries (sync).
 
-    One query; the partition key comes from the session row (a scalar subquery the planner
-    prunes by at run time).
+    One query, pruned to one partition: the partition key is the time a UUIDv7 id carries, or
+    for an older id comes from the session row (a scalar subquery the planner prunes by at run time).
     """
-    created_at = Subquery(Session.objects.filter(pk=session_id).values("created_at")[:1])  # an InitPlan
+    created_at = created_at_of(session_id) or Subquery(  # an InitPlan
+        Session.objects.filter(pk=session_id).values("created_at")[:1])
     rows = (TokenRecord.objects.filter(session_id=session_id, session_created_at=created_at, step__gte=from_step)
             .order_by("position").values_list("step", "token_id", "piece", "kind"))
     entries = []

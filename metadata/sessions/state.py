@@ -27,6 +27,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from metadata.cache import CacheConfig, RedisGuard, TwoTierCache, Versioned, WritePolicy
+from metadata.ids import created_at_of
 from metadata.models import Session
 from metadata.replicas import read_routed
 
@@ -38,13 +39,18 @@ STATE_FIELDS = ("id", "tenant_id", "status", "token_count", "updated_at")
 _STATE_SQL = (
     f"SELECT {', '.join(STATE_FIELDS)} FROM {Session._meta.db_table} WHERE id = %s"  # noqa: S608 (constants)
 )
+# A UUIDv7 id carries its partition key: the same read, pruned to one partition.
+_STATE_SQL_PRUNED = _STATE_SQL + " AND created_at = %s"
 
 
 def load_session_state(ident: str, min_lsn: int = 0) -> Versioned:
     """Read the state row where the router says (a replica that has replayed ``min_lsn``)."""
+    created_at = created_at_of(ident)
+    sql, params = (_STATE_SQL, [ident]) if created_at is None else (_STATE_SQL_PRUNED, [ident, created_at])
+
     def read(alias: str) -> dict[str, Any] | None:
         with connections[alias].cursor() as cursor:
-            cursor.execute(_STATE_SQL, [ident])
+            cursor.execute(sql, params)
             row = cursor.fetchone()
         return dict(zip(STATE_FIELDS, row)) if row is not None else None
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import uuid
 
 from django.db import connection
@@ -10,6 +11,23 @@ from metadata.models import PARTITIONED_TABLES
 from metadata.partitions import catalog, existing_indexes
 
 UTC = dt.timezone.utc
+
+
+class BackgroundThreads:
+    """``threads`` started on entering; ``stop`` set and the threads joined on leaving."""
+
+    threads: list[threading.Thread]
+    stop: threading.Event
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
 
 
 def day(n: int, hour: int = 0) -> dt.datetime:

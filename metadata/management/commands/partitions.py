@@ -4,6 +4,7 @@
     manage.py partitions rotate [--dry-run] [--now 2026-03-01T12:00:00+00:00]
     manage.py partitions archive <partition>
     manage.py partitions restore <archive.copy.gz> [--into TABLE] [--attach]
+    manage.py partitions restore-day <YYYY-MM-DD> [--attach]   (sessions with their tokens and candidates)
     manage.py partitions schedule
 
 Every failure (a ``PartitionError``, or a mistake in the arguments) is one line on stderr and exit
@@ -19,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
 from metadata.archival import UNFINISHED, restore_archive
+from metadata.archival.families import archived_days, restore_day
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
 from metadata.partitions import ArchivalError, PartitionError, PartitionRotation, catalog, register_periodic_tasks
 
@@ -66,11 +68,15 @@ class Command(BaseCommand):
         restore.add_argument("archive")
         restore.add_argument("--into", help="table name to restore into (default: the partition's name)")
         restore.add_argument("--attach", action="store_true", help="attach the restored table to its parent")
+        restore_day = actions.add_parser("restore-day", help="restore a day's archived sessions with their "
+                                                             "tokens and candidates, each verified")
+        restore_day.add_argument("day", help="the day's start, e.g. 2026-11-01 (UTC)")
+        restore_day.add_argument("--attach", action="store_true", help="attach the restored tables to their parents")
         actions.add_parser("schedule", help="register the beat jobs in django-celery-beat (idempotent)")
 
     def handle(self, *args, action: str, **options) -> None:
         try:
-            getattr(self, f"do_{action}")(**options)
+            getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except PartitionError as exc:
             raise CommandError(f"partitions {action}: {_one_line(exc)}") from exc
 
@@ -118,6 +124,24 @@ class Command(BaseCommand):
         result = restore_archive(Path(archive), into=into, attach=attach, progress=self.say)
         where = "attached to its parent" if result.attached else "as a standalone table"
         self.say(f"restored {result.rows} row(s) into {result.table} {where}; checksum {result.checksum}")
+
+    def do_restore_day(self, day: str, attach: bool = False, **_) -> None:
+        try:
+            start = dt.datetime.fromisoformat(day)
+        except ValueError as exc:
+            raise CommandError(f"partitions restore-day: {_one_line(exc)}") from exc
+        start = start if start.tzinfo else start.replace(tzinfo=dt.timezone.utc)
+        jobs = PartitionArchivalJob.objects.using(DEFAULT_DB_ALIAS).filter(range_start=start)
+        found = next((d for d in archived_days(jobs) if d.bounds.start == start), None)
+        if found is None:
+            raise CommandError(f"partitions restore-day: no archived day of sessions starts at {start.isoformat()}")
+        results = restore_day(found, attach=attach, skip=lambda job: catalog.relation_exists(job.partition),
+                              progress=self.say)
+        if not results:
+            self.say(f"{start:%Y-%m-%d}: every table of the day is restored already")
+        for result in results:
+            where = "attached to its parent" if result.attached else "as a standalone table"
+            self.say(f"restored {result.rows} row(s) into {result.table} {where}; checksum {result.checksum}")
 
     def do_schedule(self, **_) -> None:
         created = register_periodic_tasks()
