@@ -1,6 +1,6 @@
 """Serving benchmark: aggregate throughput and latency as concurrency grows, on the demo pair, one run.
 
-    .venv/bin/python bench/serving.py [--device cpu|cuda] [--concurrency 1,4,8,16] [--skip-api]
+    .venv/bin/python bench/serving.py [--device cpu|cuda] [--concurrency 1,4,8,16] [--skip-api | --api-only]
 
 At each concurrency c, c requests (held-out prompts, 64 new tokens, greedy, EOS off so every
 request runs its full length) arrive together and are served by:
@@ -207,8 +207,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sequential-max", type=int, default=16)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-api", action="store_true", help="engine figures only")
+    parser.add_argument("--api-only", action="store_true",
+                        help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
     parser.add_argument("--api-requests", type=int, default=16)
     return parser.parse_args(argv)
+
+
+def measure_api(model_dir: Path, args: argparse.Namespace) -> dict[int, float]:
+    """Aggregate tok/s through the API at 1 and 8 concurrent requests (bench/serving_api.py)."""
+    from bench.serving_api import api_throughput
+
+    api = api_throughput(model_dir, [1, 8], args.api_requests, args.max_new_tokens)
+    print("  API end to end: " + ", ".join(f"c={c} {v:.1f} tok/s" for c, v in api.items()), flush=True)
+    return api
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(args.model_dir)
     if not (model_dir / "demo-target" / "config.json").is_file():
         sys.exit(f"error: no demo pair in {model_dir}; build it first (python manage.py build_demo_models)")
+    if args.api_only:
+        api = measure_api(model_dir, args)
+        print(f"API api_concurrency8_over_1={api[8] / api[1]:.2f}")
+        return 0
     target, draft = load_model_pair(model_dir / "demo-target", model_dir / "demo-draft", device=args.device)
     tokenizer = target.tokenizer
     texts = load_heldout_prompts(model_dir / "heldout_prompts.json")
@@ -252,10 +267,7 @@ def main(argv: list[str] | None = None) -> int:
 
     api_ratio = float("nan")
     if not args.skip_api:
-        from bench.serving_api import api_throughput
-
-        api = api_throughput(model_dir, [1, 8], args.api_requests, args.max_new_tokens)
-        print("  API end to end: " + ", ".join(f"c={c} {v:.1f} tok/s" for c, v in api.items()), flush=True)
+        api = measure_api(model_dir, args)
         api_ratio = api[8] / api[1]
     print(f"RESULT batch8_over_sequential={tps('spec_batch', 8) / tps('sequential', 8):.2f} "
           f"spec_over_plain_batch1={tps('spec_batch', 1) / tps('plain_batch', 1):.2f} "

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,9 +132,12 @@ def api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
     database = settings.DATABASES["default"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SPECOPS_MODEL_DIR": str(model_dir),
            "SPECOPS_MAX_BATCH": str(max(concurrencies)),
+           # one torch thread, as scripts/run.sh and the systemd unit start workers (unless set)
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"}
     env.update({key: "1000000/minute" for key in ("SPECOPS_THROTTLE_USER_RATE",
                                                    "SPECOPS_THROTTLE_TENANT_RATE")})
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` below stops worker and web
     port = _free_port()
     logs = ROOT / "var"
     logs.mkdir(exist_ok=True)

@@ -61,10 +61,14 @@ fi
 start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
   --workers "${WEB_WORKERS:-2}"
 # One process per device, one batching loop in it: each thread of the pool hands it a session.
-SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu --pool threads \
+# One torch thread (OMP_NUM_THREADS, unless set): the web, PostgreSQL and Redis share these cores
+# with the worker, and a second torch thread, spinning or sleeping between ops, made the API slower
+# (measured: bench/README.md, Serving).
+omp=${OMP_NUM_THREADS:-1}
+OMP_NUM_THREADS=$omp SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu --pool threads \
   --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n cpu@%h -l INFO
 for ((i = 0; i < gpus; i++)); do
-  SPECOPS_WORKER_DEVICE=cuda:$i start "worker-gpu$i" .venv/bin/celery -A specops worker -Q "gpu.$i" --pool threads \
+  OMP_NUM_THREADS=$omp SPECOPS_WORKER_DEVICE=cuda:$i start "worker-gpu$i" .venv/bin/celery -A specops worker -Q "gpu.$i" --pool threads \
     --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n "gpu$i@%h" -l INFO
 done
 

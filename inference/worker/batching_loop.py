@@ -29,6 +29,7 @@ from inference.engine.policy import SpeculationPolicy
 from inference.worker import metrics
 from inference.worker.recording import BatchRecorder, SessionRecorder, finish_session
 from metadata.models import Session, SessionStatus
+from metadata.sessions import token_stream
 from specops import tracing
 from specops.ops import latency_budget
 
@@ -182,12 +183,32 @@ class DeviceBatchLoop:
             metrics.observe_policy_decision(engine.last_decision.depth, running)
         if tracing.enabled():
             self._trace_step(engine, events)
+        self._record(events)
+
+    def _record(self, events: list[RowEvent]) -> None:
+        """Queue the step's rows, stream every row's step in one round trip, then end the rows
+        that finished (a session's ``done`` follows its last ``tokens`` event)."""
+        stream_events, traces, finished = [], [], []
         for event in events:
             job = self.jobs.get(event.request_id)
-            if job is not None:
-                job.recorder.batch_rows_max = max(job.recorder.batch_rows_max, len(events))
-            with tracing.activated(job.trace if job is not None else None):
-                self._on_event(event)
+            if job is None:
+                continue
+            recorder = job.recorder
+            recorder.batch_rows_max = max(recorder.batch_rows_max, len(events))
+            if recorder.admitted_at is None:
+                recorder.admitted_at = time.time()
+            stream_event = recorder.record(event, self.recorder.writer)
+            if stream_event is not None:
+                stream_events.append(stream_event)
+                traces.append(job.trace)
+            if event.finished:
+                finished.append((job, event))
+        # One session's publish hangs under its trace; a shared one under none.
+        with tracing.activated(traces[0]) if len(traces) == 1 else tracing.untraced():
+            token_stream.publish_many(stream_events)
+        for job, event in finished:
+            with tracing.activated(job.trace):
+                self._end(job, event.step.finish_reason, event.error, event)
 
     def _trace_step(self, engine: BatchedSpeculativeEngine, events: list[RowEvent]) -> None:
         """Each session's copy of the step's spans, with the engine's measured times (specops.tracing)."""
@@ -211,16 +232,6 @@ class DeviceBatchLoop:
                 job.trace.child("specops.verify", draft_end, verify_end, **shared,
                                 **{"specops.accepted": event.step.accepted,
                                    "specops.tokens": len(event.step.token_ids)})
-
-    def _on_event(self, event: RowEvent) -> None:
-        job = self.jobs.get(event.request_id)
-        if job is None:
-            return
-        if job.recorder.admitted_at is None:
-            job.recorder.admitted_at = time.time()
-        job.recorder.record(event, self.recorder.writer)
-        if event.finished:
-            self._end(job, event.step.finish_reason, event.error, event)
 
     def _flush(self) -> None:
         jobs = self.jobs.values()

@@ -1,10 +1,11 @@
 """What a batch step leaves behind: stream events at once, token and candidate rows in batches.
 
 Every row's step goes to its session's Redis Stream immediately (the client sees tokens as they
-are verified). Token and candidate rows of every session in the batch go to one shared
-`BatchWriter`, flushed when 100 rows of a kind are pending or `SPECOPS_TOKEN_FLUSH_MS` has
-passed: one transaction per flush, never a write per row per step. After each flush the
-sessions that gained tokens get one progress UPDATE each (token_count, text).
+are verified): the loop publishes the events of all rows of a step in one round trip. Token and
+candidate rows of every session in the batch go to one shared `BatchWriter`, flushed when 100
+rows of a kind are pending or `SPECOPS_TOKEN_FLUSH_MS` has passed: one transaction per flush,
+never a write per row per step. The progress (token_count, text) of the sessions due one rides
+in the same transaction, one bulk UPDATE at most every `SPECOPS_PROGRESS_MS`.
 """
 from __future__ import annotations
 
@@ -58,11 +59,12 @@ class SessionRecorder:
     # the most sessions that shared a step with this one
     batch_rows_max: int = 0
 
-    def record(self, event: RowEvent, writer: BatchWriter) -> None:
-        """Stream the step and queue its rows; a step with no token (prefill) records nothing."""
+    def record(self, event: RowEvent, writer: BatchWriter) -> token_stream.StreamEvent | None:
+        """Queue the step's rows and return its stream event, which the caller publishes with the
+        other rows' (token_stream.publish_many); a step with no token (prefill) records nothing."""
         step = event.step
         if not step.token_ids and not step.branches:
-            return
+            return None
         start = len(self.token_ids)
         self.token_ids.extend(step.token_ids)
         kinds = token_kinds(step.drafted, step.accepted, event.bonus, len(step.token_ids))
@@ -78,7 +80,7 @@ class SessionRecorder:
                 step=self.step, branch=branch_no, token_ids=list(branch.token_ids),
                 score=float(branch.score), accepted_len=branch.accepted_len,
             ))
-        token_stream.publish(self.session.pk, "tokens", {
+        stream_event = token_stream.StreamEvent(self.session.pk, "tokens", {
             "step": self.step, "token_ids": list(step.token_ids),
             "text": self.decode(list(step.token_ids)),
             "kinds": [int(kind) for kind in kinds],
@@ -87,6 +89,7 @@ class SessionRecorder:
         self.step_tokens.append(len(step.token_ids))
         self.step += 1
         self.dirty = True
+        return stream_event
 
     def progress_row(self, now) -> Session:
         """The session's progress fields as a row for one bulk UPDATE (see BatchRecorder.flush)."""

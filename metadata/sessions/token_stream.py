@@ -45,25 +45,50 @@ def step_entry_id(step: int) -> str:
     return f"{step + 1}-0"
 
 
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One event to append to a session's stream; with ``step``, under that step's entry id."""
+
+    session_id: Any
+    event: str
+    data: dict[str, Any]
+    step: int | None = None
+
+
 def publish(session_id, event: str, data: dict, *, step: int | None = None) -> bool:
     """Append an event; with `step`, under that step's entry id, exactly once.
 
     Redis refuses an XADD whose id is not above the stream's last one, so a resumed run that
     publishes a step the stream already holds adds nothing (returns False).
     """
-    key = stream_key(session_id)
+    return publish_many([StreamEvent(session_id, event, data, step)])[0]
+
+
+def publish_many(events: list[StreamEvent]) -> list[bool]:
+    """Append several events, of any sessions, in one round trip; per event, whether it was added.
+
+    What a batch step streams: one MULTI/EXEC for all its rows instead of one per row (each
+    event exactly once by its step's entry id, as in `publish`). A refused duplicate leaves the
+    others added, and its stream's expiry is renewed all the same.
+    """
+    if not events:
+        return []
     pipe = client().pipeline()
-    pipe.xadd(key, {"event": event, "data": json.dumps(data)},
-              id=step_entry_id(step) if step is not None else "*")
-    pipe.expire(key, STREAM_TTL_S)
-    try:
-        pipe.execute()
-    except redis.ResponseError as error:
-        if "equal or smaller" not in str(error):
-            raise
-        client().expire(key, STREAM_TTL_S)
-        return False
-    return True
+    for item in events:
+        key = stream_key(item.session_id)
+        pipe.xadd(key, {"event": item.event, "data": json.dumps(item.data)},
+                  id=step_entry_id(item.step) if item.step is not None else "*")
+        pipe.expire(key, STREAM_TTL_S)
+    results = pipe.execute(raise_on_error=False)
+    added = []
+    for result in results[::2]:  # each XADD's reply; the EXPIRE after it runs either way
+        if isinstance(result, redis.ResponseError):
+            if "equal or smaller" not in str(result):
+                raise result
+            added.append(False)
+        else:
+            added.append(True)
+    return added
 
 
 def forget_after(session_id, step: int) -> int:
