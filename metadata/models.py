@@ -10,11 +10,10 @@ natural key (``ON CONFLICT DO NOTHING``) instead of being written twice.
 
 A session's id is a UUIDv7 of its ``created_at`` (``metadata.ids``): every lookup by id
 through ``Session.objects`` adds the partition key the id carries, so PostgreSQL reads one
-partition (``SessionQuerySet``).
+partition (``metadata.session_keys``).
 """
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from typing import Any
 
@@ -24,7 +23,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from metadata.ids import created_at_of, is_uuid7, to_millisecond, uuid7
+from metadata.ids import uuid7
+from metadata.session_keys import SessionQuerySet, matching_id_and_time
 
 
 class Tenant(models.Model):
@@ -54,40 +54,6 @@ class SessionStatus(models.TextChoices):
 
 
 LIVE_STATUSES = (SessionStatus.QUEUED, SessionStatus.RUNNING)
-
-
-def partition_key_filter(lookups: dict[str, Any]) -> dict[str, Any]:
-    """``lookups`` plus the ``created_at`` the session id(s) in them carry, when every id is a UUIDv7.
-
-    ``pk=<v7>`` adds ``created_at=<its time>``; ``pk__in=[v7, ...]`` adds ``created_at__in``
-    (exact: a UUIDv7 session's created_at is its id's time). Ids made before UUIDv7 add nothing:
-    their lookup reads one index per partition.
-    """
-    if any(key == "created_at" or key.startswith("created_at__") for key in lookups):
-        return lookups
-    for key in ("pk", "id"):
-        if key in lookups:
-            when = created_at_of(lookups[key]) if lookups[key] is not None else None
-            return {**lookups, "created_at": when} if when is not None else lookups
-    for key in ("pk__in", "id__in"):
-        values = lookups.get(key)
-        if isinstance(values, (list, tuple, set, frozenset)) and values:
-            times = [created_at_of(value) for value in values]
-            if all(when is not None for when in times):
-                return {**lookups, "created_at__in": sorted(set(times))}
-            return lookups
-    return lookups
-
-
-class SessionQuerySet(models.QuerySet):
-    """Filters by session id carry the partition key the id holds (see ``partition_key_filter``).
-
-    ``get()``, ``Model.save()``'s UPDATE, ``refresh_from_db()`` and ``bulk_update()`` all filter
-    through here (``Meta.base_manager_name``), so they prune to one partition too.
-    """
-
-    def filter(self, *args: Any, **kwargs: Any) -> SessionQuerySet:
-        return super().filter(*args, **partition_key_filter(kwargs))
 
 
 class Session(models.Model):
@@ -137,7 +103,7 @@ class Session(models.Model):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         if not args:  # made in code; rows loaded from the database come positionally (Model.from_db)
-            kwargs = _matching_id_and_time(kwargs)
+            kwargs = matching_id_and_time(kwargs)
         super().__init__(*args, **kwargs)
 
     class Meta:
@@ -160,27 +126,6 @@ class Session(models.Model):
 
     def __str__(self) -> str:
         return str(self.id)
-
-
-def _matching_id_and_time(fields: dict[str, Any]) -> dict[str, Any]:
-    """A new session's id and ``created_at`` made to agree (``Session``'s docstring)."""
-    given = fields.get("id", fields.get("pk"))
-    when = fields.get("created_at")
-    if when is not None and not isinstance(when, dt.datetime):
-        return fields  # not a time: left for the field's own validation to refuse
-    if given is None:
-        created = to_millisecond(when or timezone.now())
-        fields = {k: v for k, v in fields.items() if k != "pk"}
-        return {**fields, "id": uuid7(created), "created_at": created}
-    if not is_uuid7(given):
-        return fields
-    carried = created_at_of(given)
-    if when is None:
-        return {**fields, "created_at": carried}
-    if to_millisecond(when) != carried:
-        raise ValueError(f"session {given} is a UUIDv7 of {carried.isoformat()}; created_at "
-                         f"{when.isoformat()} differs (an id carries its creation time)")
-    return {**fields, "created_at": carried}
 
 
 class TokenKind(models.IntegerChoices):
