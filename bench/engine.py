@@ -6,12 +6,12 @@ Methods: target-only greedy with HF `generate` and with our plain loop (the fast
 baseline), HF assisted generation (`assistant_model=draft`, constant schedule, same draft
 length, no confidence threshold), and ours with the draft-model chain, the n-gram and the tree
 drafter. Then tree vs chain at the same node budget (`--budgets`, 8 and 16): for each budget
-and temperature (`--temperatures`: greedy, 0.7, 1.0; sampled runs seeded per prompt), a chain
-of `budget` tokens and a dynamic tree of `budget` nodes, on the demo pair and on the same
-target with a weaker draft (distilled for `--weak-steps` steps, built and cached under
-MODEL_DIR by bench/weak_draft.py). Each method is warmed up, then timed `--repeats` times over
-all prompts (methods interleaved, so load drifts hit them alike); tokens/s is the median. The
-last line is machine readable:
+and temperature (`--temperatures`: greedy, 0.7, 1.0; sampled runs seeded per prompt and pass,
+their counters summed over the passes), a chain of `budget` tokens and a dynamic tree of
+`budget` nodes, on the demo pair and on the same target with a weaker draft (distilled for
+`--weak-steps` steps, built and cached under MODEL_DIR by bench/weak_draft.py). Each method
+is warmed up, then timed `--repeats` times over all prompts (methods interleaved, so load
+drifts hit them alike); tokens/s is the median. The last line is machine readable:
 
 RESULT greedy_identical=<bool> speedup_vs_baseline=<x> speedup_vs_hf_assisted=<x>
        tree_over_chain_accept_len=<x> acceptance=<accepted/drafted at gamma=4>
@@ -49,7 +49,8 @@ from inference.engine import (  # noqa: E402
     generate_plain,
 )
 
-Runner = Callable[[list[int]], tuple[list[int], GenerationStats | None]]
+# (prompt, pass index) -> (generated ids, stats); a sampled method draws new seeds each pass
+Runner = Callable[[list[int], int], tuple[list[int], GenerationStats | None]]
 
 
 @dataclass
@@ -64,18 +65,25 @@ class Method:
     tokens_per_second: list[float] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
 
-    def measure(self, prompts: list[list[int]], sync: Callable[[], None]) -> None:
-        """Time one pass over all prompts; keep its outputs and counters (the last pass's)."""
+    def measure(self, prompts: list[list[int]], sync: Callable[[], None], index: int) -> None:
+        """Time pass `index` over all prompts; keep its outputs.
+
+        Greedy passes are identical, so their counters are the last pass's; each sampled pass
+        draws new seeds, so its counters add to the earlier passes' (more draws, a steadier mean
+        accepted length for the same run time).
+        """
         outputs, tokens, stats = [], 0, GenerationStats()
         started = time.perf_counter()
         for prompt in prompts:
-            generated, generation_stats = self.run(prompt)
+            generated, generation_stats = self.run(prompt, index)
             outputs.append(generated)
             tokens += len(generated)
             if generation_stats is not None:
                 stats.merge(generation_stats)
         sync()
         self.tokens_per_second.append(tokens / (time.perf_counter() - started))
+        if not self.greedy and self.tokens_per_second[1:]:
+            stats.merge(self.stats)
         self.outputs, self.stats = outputs, stats
 
     @property
@@ -126,7 +134,7 @@ def load_prompts(args: argparse.Namespace, tokenizer) -> list[list[int]]:
 
 
 def hf_runner(target, eos: int | None, max_new: int, assistant=None) -> Runner:
-    def run(prompt: list[int]) -> tuple[list[int], None]:
+    def run(prompt: list[int], index: int = 0) -> tuple[list[int], None]:
         input_ids = torch.tensor([prompt], device=target.device)
         with torch.inference_mode():
             output = target.generate(
@@ -138,13 +146,14 @@ def hf_runner(target, eos: int | None, max_new: int, assistant=None) -> Runner:
 
 
 def ours_runner(target, drafter, generation: GenerationConfig) -> Runner:
-    """Greedy as given; a sampled config gets a seed of its own per prompt (the same for every method)."""
+    """Greedy as given; a sampled config gets a seed of its own per prompt and pass (the same for
+    every method)."""
     decoder = SpeculativeDecoder(target, drafter)
 
-    def run(prompt: list[int]) -> tuple[list[int], GenerationStats]:
+    def run(prompt: list[int], index: int = 0) -> tuple[list[int], GenerationStats]:
         config = generation
         if not generation.greedy:
-            config = replace(generation, seed=zlib.crc32(repr(prompt).encode()))
+            config = replace(generation, seed=zlib.crc32(repr(prompt).encode()) + index)
         result = decoder.generate(prompt, config)
         return result.token_ids, result.stats
     return run
@@ -178,7 +187,7 @@ def build_methods(args, target, draft, eos, weak_draft=None) -> list[Method]:
     configure_assistant(draft, args.gamma)
     methods = [
         Method("hf_generate_greedy", hf_runner(target, eos, args.max_new_tokens), ours=False),
-        Method("ours_plain_greedy", lambda p: (
+        Method("ours_plain_greedy", lambda p, index=0: (
             (r := generate_plain(target, p, generation)).token_ids, r.stats)),
         Method("hf_assisted", hf_runner(target, eos, args.max_new_tokens, draft), ours=False),
         ours("ours_draft_model", "draft_model", length=args.gamma),
@@ -327,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
           f"weak_steps={args.weak_steps} repeats={args.repeats}")
     for method in methods:  # warm-up: allocator, lazy inits, HF generation config caches
         method.run(prompts[0])
-    for _ in range(args.repeats):
+    for index in range(args.repeats):
         for method in methods:
-            method.measure(prompts, sync)
+            method.measure(prompts, sync, index)
     print(report(methods, args))
     return 0
 

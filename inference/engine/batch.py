@@ -45,6 +45,7 @@ from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.draft_tree import DraftTree
 from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_drafter
 from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
 from inference.engine.modeling import align_vocab, context_length, draftable_ids, logits_width
@@ -211,6 +212,7 @@ class BatchedSpeculativeEngine:
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
+        self.tree_calibrations = TreeCalibrations()  # what tree drafters learn, kept across requests
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
         self.forward_log: list[tuple[str, int, int, float]] = []
@@ -241,6 +243,9 @@ class BatchedSpeculativeEngine:
         if kind in ("tree", "ngram", "suffix", "none"):
             row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
                                         config=request.draft_config, corpus=request.corpus)
+            if isinstance(row.drafter, TreeDrafter) and not row.own_schedule:
+                # a seeded sampled row keeps its own tables: companions must not shape its tree
+                self.tree_calibrations.adopt(row.drafter)
             row.drafter.begin(prompt)
             row.schedule = DraftLengthSchedule(request.draft_config, row.drafter.nominal_depth)
         else:

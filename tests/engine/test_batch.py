@@ -211,3 +211,22 @@ def test_a_resumed_greedy_row_finishes_as_the_uninterrupted_run(kind):
         resumed = engine.run([BatchRequest("r", prompt, config, kind, resume_ids=tuple(whole[:cut])),
                               BatchRequest("other", [4, 4, 4], GenerationConfig(max_new_tokens=9), kind)])
         assert whole[:cut] + resumed["r"].token_ids == whole, cut  # events carry new tokens only
+
+
+def test_tree_calibration_carries_over_from_request_to_request_but_not_into_seeded_rows():
+    engine = _engine("llama", max_rows=2, policy=SpeculationPolicy(enabled=False))  # always drafts
+    tree = DraftConfig(tree_width=2, tree_depth=3, node_budget=6)
+    first = BatchRequest("first", [5, 6, 7], GenerationConfig(max_new_tokens=16), "tree", tree)
+    engine.run([first])
+    tables = engine.tree_calibrations._tables[2][0]
+    learned = tables.trials.sum().item()
+    assert learned > tables.trials.numel() * 2.0  # the first request's steps were recorded (prior: 2 a cell)
+    engine.submit(BatchRequest("second", [8, 9], GenerationConfig(max_new_tokens=8), "tree", tree))
+    engine.submit(BatchRequest("seeded", [8, 9], GenerationConfig(max_new_tokens=8, temperature=1.0, seed=3),
+                               "tree", tree))
+    second, seeded = engine.waiting[0].drafter, engine.waiting[1].drafter
+    assert second.calibration is tables  # starts from what the first request learned
+    assert seeded.calibration is not tables and seeded.calibration.trials.sum().item() < learned
+    while engine.has_work():
+        engine.step()
+    assert tables.trials.sum().item() > learned  # and adds to it

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from inference.engine import DraftConfig, GenerationConfig, GenerationStats, build_drafter
 from tests.tiny_models import build_tiny_pair
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine.py"
@@ -73,3 +74,35 @@ def test_expected_tokens_per_step_bound(bench):
     assert bench.expected_tokens_per_step(0.0, 4) == 1.0
     assert bench.expected_tokens_per_step(1.0, 4) == 5.0
     assert bench.expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+
+
+def _counting_runner(seen: list[int]):
+    def run(prompt: list[int], index: int = 0):
+        seen.append(index)
+        return [1, 2], GenerationStats(steps=1, new_tokens=2)
+    return run
+
+
+def test_sampled_methods_add_every_pass_and_greedy_ones_keep_the_last(bench):
+    prompts = [[1], [2], [3]]
+    sampled_seen: list[int] = []
+    sampled = bench.Method("sampled", _counting_runner(sampled_seen), greedy=False)
+    greedy = bench.Method("greedy", _counting_runner([]))
+    for index in range(3):
+        sampled.measure(prompts, lambda: None, index)
+        greedy.measure(prompts, lambda: None, index)
+    assert sampled.stats.steps == 9  # three passes of three prompts, each a new draw
+    assert greedy.stats.steps == 3  # identical passes: the last one's counters
+    assert sampled_seen == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert len(sampled.tokens_per_second) == 3
+
+
+def test_a_sampled_run_draws_new_seeds_each_pass_and_repeats_a_pass(bench, tiny_model_dir):
+    args = bench.parse_args(["--model-dir", str(tiny_model_dir)])
+    target, draft, tokenizer = bench.load_pair(args)
+    drafter = build_drafter("draft_model", target=target, draft=draft, config=DraftConfig(length=3))
+    run = bench.ours_runner(target, drafter, GenerationConfig(max_new_tokens=24, temperature=1.0))
+    prompt = tokenizer("def main():", add_special_tokens=False)["input_ids"]
+    first, _ = run(prompt, 0)
+    assert run(prompt, 0)[0] == first  # the same pass draws the same tokens
+    assert run(prompt, 1)[0] != first  # the next pass draws others

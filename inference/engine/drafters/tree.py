@@ -262,5 +262,24 @@ class TreeDrafter(ModelBackedDrafter):
             position += 1
 
 
+class TreeCalibrations:
+    """One model pair's calibration tables, shared by the tree drafters of many generations.
+
+    A drafter is built per generation (it holds that generation's draft cache), but what its
+    tables learn describes the pair, not the prompt: a batching engine hands every new tree
+    drafter the tables of the drafters before it (one pair per tree width), so calibration
+    carries over from request to request instead of restarting from the prior each time.
+    """
+
+    def __init__(self) -> None:
+        self._tables: dict[int, tuple[AcceptanceCalibration, SiblingCalibration]] = {}
+
+    def adopt(self, drafter: TreeDrafter) -> None:
+        """Give `drafter` the shared tables of its tree width (its own become them if first)."""
+        width = drafter.config.tree_width
+        tables = self._tables.setdefault(width, (drafter.calibration, drafter.sibling_calibration))
+        drafter.calibration, drafter.sibling_calibration = tables
+
+
 def _log(probability: float) -> float:
     return math.log(probability) if probability > 0 else float("-inf")
