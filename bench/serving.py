@@ -2,14 +2,16 @@
 
     .venv/bin/python bench/serving.py [--device cpu|cuda] [--concurrency 1,4,8,16] [--skip-api | --api-only]
 
-At each concurrency c, c requests (held-out prompts, 64 new tokens, greedy, EOS off so every
-request runs its full length) arrive together and are served by:
+At each concurrency c, the same workload of `--requests` requests (16 held-out prompts, 64 new
+tokens, greedy, EOS off so every request runs its full length) is served with c requests in
+flight: c arrive together and each one that ends is replaced by the next (a closed loop, as
+vLLM's `--max-concurrency`), by:
   (a) sequential   today's path before batching: one SpeculativeDecoder (draft model, gamma 4)
                    per request, one request at a time;
   (b) plain_batch  the batched engine with no speculation (drafter "none");
   (c) spec_batch   the batched engine with the draft model and the speculation policy on;
-  (d) hf_static    Hugging Face `model.generate` on one left-padded batch of the c prompts
-                   (static batching), the outside reference.
+  (d) hf_static    Hugging Face `model.generate` on left-padded batches of c prompts, one
+                   batch after another (static batching), the outside reference.
 Aggregate tok/s = all tokens / wall time; TTFT = time from arrival to a request's first token;
 ITL = per-token gap between a request's streamed steps (vLLM's definition; HF static gives
 only its total, so its TTFT/ITL columns are empty). Then end to end through the API with a
@@ -71,10 +73,13 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run_sequential(target, draft, prompts, generation, gamma) -> Run:
-    run = Run("sequential", len(prompts))
+def run_sequential(target, draft, prompts, generation, gamma, concurrency: int = 1) -> Run:
+    """One request at a time; request i arrives when request i - concurrency finished."""
+    run = Run("sequential", concurrency)
     started = time.perf_counter()
-    for prompt in prompts:
+    finished: list[float] = []
+    for index, prompt in enumerate(prompts):
+        arrival = started if index < concurrency else finished[index - concurrency]
         decoder = SpeculativeDecoder(target, build_drafter("draft_model", target=target, draft=draft,
                                                            config=DraftConfig(length=gamma)))
         times, counts, tokens = [], [], []
@@ -82,49 +87,67 @@ def run_sequential(target, draft, prompts, generation, gamma) -> Run:
             times.append(time.perf_counter())
             counts.append(len(step.token_ids))
             tokens.extend(step.token_ids)
+        finished.append(times[-1])
         run.outputs.append(tokens)
-        run.ttft.append(times[0] - started)
+        run.ttft.append(times[0] - arrival)
         run.itl.extend(inter_token_gaps(times, counts))
     run.seconds = time.perf_counter() - started
     return run
 
 
-def run_batched(name, engine: BatchedSpeculativeEngine, prompts, generation, drafter, gamma) -> Run:
-    run = Run(name, len(prompts))
-    started = time.perf_counter()
-    for index, prompt in enumerate(prompts):
-        engine.submit(BatchRequest(index, prompt, generation, drafter, DraftConfig(length=gamma)))
+def run_batched(name, engine: BatchedSpeculativeEngine, prompts, generation, drafter, gamma,
+                concurrency: int | None = None) -> Run:
+    """Keep `concurrency` requests in the engine (all of them when None) until every one ended."""
+    concurrency = concurrency or len(prompts)
+    run = Run(name, concurrency)
     tokens = {index: [] for index in range(len(prompts))}
     times = {index: [] for index in range(len(prompts))}
     counts = {index: [] for index in range(len(prompts))}
+    arrivals: dict[int, float] = {}
+    queued = list(range(len(prompts)))
+
+    def submit(index: int) -> None:
+        arrivals[index] = time.perf_counter()
+        engine.submit(BatchRequest(index, prompts[index], generation, drafter, DraftConfig(length=gamma)))
+
+    started = time.perf_counter()
+    for index in queued[:concurrency]:
+        submit(index)
+    queued = queued[concurrency:]
     while engine.has_work():
         for event in engine.step():
             if event.step.token_ids:
                 tokens[event.request_id].extend(event.step.token_ids)
                 times[event.request_id].append(time.perf_counter())
                 counts[event.request_id].append(len(event.step.token_ids))
+            if event.finished and queued:
+                submit(queued.pop(0))
     run.seconds = time.perf_counter() - started
     for index in range(len(prompts)):
         run.outputs.append(tokens[index])
-        run.ttft.append(times[index][0] - started)
+        run.ttft.append(times[index][0] - arrivals[index])
         run.itl.extend(inter_token_gaps(times[index], counts[index]))
     return run
 
 
-def run_hf_static(target, tokenizer, prompts, max_new_tokens) -> Run:
-    run = Run("hf_static", len(prompts))
-    width = max(len(p) for p in prompts)
+def run_hf_static(target, tokenizer, prompts, max_new_tokens, concurrency: int | None = None) -> Run:
+    """Static batching: the prompts in left-padded batches of `concurrency`, one after another."""
+    concurrency = concurrency or len(prompts)
+    run = Run("hf_static", concurrency)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                             device=target.device)
     started = time.perf_counter()
-    with torch.inference_mode():
-        output = target.generate(input_ids=input_ids, attention_mask=attention, do_sample=False,
-                                 max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                 pad_token_id=pad, eos_token_id=None)
+    for start in range(0, len(prompts), concurrency):
+        batch = prompts[start:start + concurrency]
+        width = max(len(p) for p in batch)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=target.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch],
+                                 device=target.device)
+        with torch.inference_mode():
+            output = target.generate(input_ids=input_ids, attention_mask=attention, do_sample=False,
+                                     max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                     pad_token_id=pad, eos_token_id=None)
+        run.outputs.extend(row[width:].tolist() for row in output)
     run.seconds = time.perf_counter() - started
-    run.outputs = [row[width:].tolist() for row in output]
     return run
 
 
@@ -144,15 +167,16 @@ def engine_table(args, target, draft, tokenizer, prompts) -> dict[tuple[str, int
     run_hf_static(target, tokenizer, warm, 8)
     runs: dict[tuple[str, int], Run] = {}
     for c in args.concurrency:
-        batch = [prompts[i % len(prompts)] for i in range(c)]
+        # the same workload at every concurrency: `requests` prompts, c of them in flight
+        batch = [prompts[i % len(prompts)] for i in range(max(c, args.requests))]
         for _ in range(args.repeats):  # methods interleaved so load drifts hit them alike
             candidates = {
-                "sequential": lambda: run_sequential(target, draft, batch, generation, args.gamma),
+                "sequential": lambda: run_sequential(target, draft, batch, generation, args.gamma, c),
                 "plain_batch": lambda: run_batched("plain_batch", plain_engine, batch, generation,
-                                                   "none", args.gamma),
+                                                   "none", args.gamma, c),
                 "spec_batch": lambda: run_batched("spec_batch", spec_engine, batch, generation,
-                                                  "draft_model", args.gamma),
-                "hf_static": lambda: run_hf_static(target, tokenizer, batch, args.max_new_tokens),
+                                                  "draft_model", args.gamma, c),
+                "hf_static": lambda: run_hf_static(target, tokenizer, batch, args.max_new_tokens, c),
             }
             for name, measure in candidates.items():
                 if name == "sequential" and c > args.sequential_max:
@@ -203,9 +227,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=48, help="cut each prompt to this many tokens")
     parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=16,
+                        help="requests served at each concurrency (at least c), c in flight at a time")
     parser.add_argument("--repeats", type=int, default=2, help="best of N per method and concurrency")
     parser.add_argument("--sequential-max", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    # One thread, as the workers run (OMP_NUM_THREADS=1 in scripts/run.sh and the systemd unit):
+    # on a shared 2-core box a second intra-op thread spins against the other processes.
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-api", action="store_true", help="engine figures only")
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
@@ -253,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         if run is not None:
             for index, output in enumerate(run.outputs):
                 reference.setdefault(index % len(prompts), output)
-    missing = [i for i in range(min(len(prompts), max(args.concurrency))) if i not in reference]
+    served = max(max(args.concurrency), args.requests)
+    missing = [i for i in range(min(len(prompts), served)) if i not in reference]
     if missing:
         generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=NO_EOS)
         extra = run_sequential(target.model, draft.model, [prompts[i] for i in missing], generation,

@@ -8,7 +8,8 @@
    over the draft's KV cache); `tree`, `ngram` and `suffix` rows draft with their own drafters;
 4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
    feeds its pending token plus its draft tree, a newcomer feeds the next chunk of its prompt
-   (at most `prefill_chunk` tokens, so a long prompt never stalls the running rows);
+   (at most `prefill_chunk` tokens beside decoding rows, so a long prompt never stalls them;
+   `solo_prefill_chunk` when no row decodes);
 5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row.
 
 Invariant between steps, per row: the target cache holds every context token but the last
@@ -115,6 +116,17 @@ class StepTiming:
     step: int
 
 
+def default_prefill_chunk(device: torch.device) -> int:
+    """Prompt tokens a newcomer feeds per step beside decoding rows, by device.
+
+    Every row of a forward is padded to the widest (ragged_cache.py). On a GPU the padding is
+    nearly free, so a newcomer takes 64 tokens a step. On a CPU it is compute: a 48-token
+    chunk beside seven 5-token decode rows made an 8 x 56 forward (113 ms against 16 ms for the
+    decode step, measured on the demo pair), so a newcomer feeds about what the decode rows do.
+    """
+    return 64 if device.type == "cuda" else 8
+
+
 class _Row:
     """Per-generation state of one batch row."""
 
@@ -188,7 +200,8 @@ class BatchedSpeculativeEngine:
         decode: Callable[[list[int]], str] | None = None,
         policy: SpeculationPolicy | None = None,
         max_rows: int = 16,
-        prefill_chunk: int = 64,
+        prefill_chunk: int | None = None,
+        solo_prefill_chunk: int = 256,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
@@ -198,7 +211,11 @@ class BatchedSpeculativeEngine:
         self.draft = draft
         self.policy = policy or SpeculationPolicy()
         self.max_rows = max_rows
-        self.prefill_chunk = prefill_chunk
+        # prompt tokens a newcomer feeds per step beside decoding rows, and when no row decodes
+        self.prefill_chunk = prefill_chunk or default_prefill_chunk(target.device)
+        self.solo_prefill_chunk = max(self.prefill_chunk, solo_prefill_chunk)
+        self._chunk = self.prefill_chunk  # this step's
+        self._forward_seconds = 0.0  # this step's, so far
         self.device = target.device
         self.vocab_width = logits_width(target)
         self.context_length = context_length(target)
@@ -305,16 +322,23 @@ class BatchedSpeculativeEngine:
         self._leave(ended)
         if not self.rows:
             return events
+        decoding = any(not row.prefilling for row in self.rows)
+        self._chunk = self.prefill_chunk if decoding else self.solo_prefill_chunk
         step_started, started_ns = time.perf_counter(), time.time_ns()
+        self._forward_seconds = 0.0
+        rows = len(self.rows)
         with torch.inference_mode():
             depth = self._choose_depth()
             trees, draft_seconds = self._draft(depth)
             results = self._verify(trees)
         step_seconds = time.perf_counter() - step_started
         self.last_step_timing = StepTiming(started_ns, draft_seconds, step_seconds - draft_seconds,
-                                           len(self.rows), self.steps)
+                                           rows, self.steps)
         for row, tree, result in zip(list(self.rows), trees, results):
             events.append(self._advance(row, tree, result, step_seconds, draft_seconds))
+        # what the step cost beyond its forwards (drafting and verifying in Python, per row)
+        overhead = time.perf_counter() - step_started - self._forward_seconds
+        self.policy.step_overheads.observe(rows, depth + 1, overhead)
         self._leave([row for row in self.rows if row.finish_reason is not None])
         self.target_cache.maybe_compact()
         if self.draft_cache is not None and self.draft_rows:
@@ -328,7 +352,8 @@ class BatchedSpeculativeEngine:
         width = 1
         for row in self.rows:
             width = max(width, len(self._context_new(row)))
-            if not row.can_draft(self.prefill_chunk) or row.own_schedule or not self.policy.enabled:
+            if (not row.can_draft(self._chunk) or row.own_schedule or not self.policy.enabled
+                    or row.prefilling):
                 others += 1
                 # the forward is as wide as its widest row, so drafting within it costs no more
                 width = max(width, self._row_depth(row, 0) + 1)
@@ -348,10 +373,14 @@ class BatchedSpeculativeEngine:
         return max(cap, 0)
 
     def _row_depth(self, row: _Row, policy_depth: int) -> int:
-        if not row.can_draft(self.prefill_chunk) or row.drafter_kind == "none":
+        if not row.can_draft(self._chunk) or row.drafter_kind == "none":
             return 0
         if row.own_schedule or not self.policy.enabled:
             return max(0, min(row.schedule.length, row.room))
+        if row.prefilling:
+            # its last prompt chunk: a draft on top would widen the forward past the decoding
+            # rows' (every row is padded to the widest), and the step yields its token anyway
+            return 0
         return max(0, min(policy_depth, self._depth_cap(row)))
 
     # -- drafting -------------------------------------------------------------------------
@@ -399,7 +428,7 @@ class BatchedSpeculativeEngine:
             # never keep the last context token cached: its logits are what we need
             common = min(common, len(row.context) - 1)
             cache.truncate_row(index, common)
-            end = row.chunk_end(self.prefill_chunk)
+            end = row.chunk_end(self._chunk)
             inputs.append(RowInput(self._draftable(row.context[common:end]), list(range(common, end))))
             row.draft_synced, row.draft_extra = end, []
             if depth > 0:
@@ -472,6 +501,7 @@ class BatchedSpeculativeEngine:
         rows = sum(1 for item in inputs if item.token_ids)
         tokens = max(len(item.token_ids) for item in inputs)
         seconds = time.perf_counter() - started
+        self._forward_seconds += seconds
         self.policy.draft_costs.observe(rows, tokens, seconds)
         self.forward_log.append(("draft", rows, tokens, seconds))
 
@@ -479,7 +509,7 @@ class BatchedSpeculativeEngine:
 
     def _context_new(self, row: _Row) -> list[int]:
         """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
-        return row.context[row.cached:row.chunk_end(self.prefill_chunk)]
+        return row.context[row.cached:row.chunk_end(self._chunk)]
 
     def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
         """One target forward for every row; the verdict per row (None: a prefill chunk)."""
@@ -498,6 +528,7 @@ class BatchedSpeculativeEngine:
         logits = self.target_cache.forward(inputs)
         seconds = time.perf_counter() - forward_started
         tokens = max(len(item.token_ids) for item in inputs)
+        self._forward_seconds += seconds
         self.policy.target_costs.observe(len(inputs), tokens, seconds)
         self.forward_log.append(("target", len(inputs), tokens, seconds))
         start = self.target_cache.last_start

@@ -7,11 +7,13 @@ much as a real one, so drafting deep loses (the top complaint of vLLM, SGLang an
 exactly this). The policy therefore picks, per step, the draft depth k (0 = no speculation)
 that maximises
 
-    throughput(k) = sum over rows of E_r(k)  /  (target_cost(rows, k + 1) + draft_cost(k))
+    throughput(k) = sum over rows of E_r(k)
+                    / (target_cost(rows, k + 1) + draft_cost(k) + step_overhead(rows, k + 1))
 
 where E_r(k) = 1 + sum_{d<=k} prod_{j<=d} a_j is a row's expected tokens per step with a_j its
-drafter's running conditional acceptance at position j, and the costs come from a model of
-forward time fitted online to the forwards the batch actually ran (seeded by a short warm-up).
+drafter's running conditional acceptance at position j, and the costs come from models of
+forward time (and of the step's time beyond its forwards) fitted online to the steps the batch
+actually ran; an untried width is assumed cheap until measured, so it gets tried.
 Terms used below: "depth" is how many positions are drafted; "acceptance at position j" is the
 chance that position j is accepted given that positions 1..j-1 were.
 """
@@ -41,12 +43,17 @@ class ForwardCostModel:
     Least squares over the last `window` observations of
         seconds = a + b * rows + c * rows * tokens
     (fixed overhead, per-row overhead such as cache gathers and sampling, per-token compute).
-    Until three distinct shapes have been seen the model extrapolates from the mean cost per token.
+    A term is fitted once what it depends on has varied (one row count: no `b`; one token count:
+    no `c`). Until then the model is optimistic: a wider forward than those seen costs what they
+    did, a narrower one proportionally less, so the policy tries other widths and measures them.
+    (Extrapolating the mean cost per token instead made a 5-token verify look 5x a 1-token step:
+    a policy that had only seen decode steps never drafted, so never learned otherwise.)
     """
 
     def __init__(self, window: int = 256) -> None:
         self._observations: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._coefficients: tuple[float, float, float] | None = None
+        self._full = False  # the last fit had every term (rows and tokens both varied)
         self._dirty = 0
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
@@ -54,22 +61,39 @@ class ForwardCostModel:
             return
         self._observations.append((rows, tokens, seconds))
         self._dirty += 1
-        if self._coefficients is None or self._dirty >= 16:
+        if not self._full or self._dirty >= 16:
             self._fit()
 
     def _fit(self) -> None:
         self._dirty = 0
-        shapes = {(rows, tokens) for rows, tokens, _ in self._observations}
-        if len(shapes) < 3:
+        rows_seen = {rows for rows, _, _ in self._observations}
+        tokens_seen = {tokens for _, tokens, _ in self._observations}
+        # a term is fitted only once what it depends on has varied: with one row count the `1`
+        # and `rows` columns are the same, and splitting the overhead between them would
+        # extrapolate nonsense to other batch sizes (8-row steps predicting 1 ms for one row)
+        columns = [lambda rows, tokens: 1.0]
+        if len(rows_seen) >= 2:
+            columns.append(lambda rows, tokens: float(rows))
+        if len(tokens_seen) >= 2:
+            columns.append(lambda rows, tokens: float(rows * tokens))
+        self._full = len(columns) == 3
+        if len(columns) == 1:
             self._coefficients = None
             return
-        # [observations, 3]
-        features = torch.tensor([[1.0, rows, rows * tokens] for rows, tokens, _ in self._observations],
-                                dtype=torch.float64)
+        # [observations, columns]
+        features = torch.tensor([[column(rows, tokens) for column in columns]
+                                 for rows, tokens, _ in self._observations], dtype=torch.float64)
         # [observations, 1]
         seconds = torch.tensor([[s] for _, _, s in self._observations], dtype=torch.float64)
-        solution = torch.linalg.lstsq(features, seconds).solution[:, 0].clamp_min(0.0).tolist()
-        self._coefficients = (solution[0], solution[1], solution[2])
+        # gelsd (SVD) stays meaningful if the columns are still nearly dependent
+        solution = torch.linalg.lstsq(features, seconds, driver="gelsd").solution[:, 0]
+        fitted = iter(solution.clamp_min(0.0).tolist())
+        a = next(fitted)
+        b = next(fitted) if len(rows_seen) >= 2 else 0.0
+        c = next(fitted) if len(tokens_seen) >= 2 else 0.0
+        self._coefficients = (a, b, c)
+        if a + b + c <= 0:  # a degenerate fit: keep the optimistic fallback
+            self._coefficients = None
 
     @property
     def observations(self) -> int:
@@ -80,13 +104,14 @@ class ForwardCostModel:
             return 0.0
         if self._coefficients is not None:
             a, b, c = self._coefficients
-            if c > 0:
-                return a + b * rows + c * rows * tokens
+            return a + b * rows + c * rows * tokens
         if not self._observations:
-            return 1e-3 * rows * tokens
-        per_token = sum(s for _, _, s in self._observations) / sum(
-            r * t for r, t, _ in self._observations)
-        return per_token * rows * tokens
+            return 1e-3
+        # optimistic both ways: a wider forward than those seen costs the same, a narrower one
+        # proportionally less (so an untried draft or verify width looks worth trying)
+        seen_rows, seen_tokens, _ = self._observations[-1]
+        mean = sum(s for _, _, s in self._observations) / len(self._observations)
+        return mean * min(1.0, rows * tokens / (seen_rows * seen_tokens))
 
 
 @dataclass
@@ -156,6 +181,9 @@ class SpeculationPolicy:
         self.enabled = enabled
         self.target_costs = ForwardCostModel()
         self.draft_costs = ForwardCostModel()
+        # a step's seconds beyond its forwards (drafting, verifying and bookkeeping in Python), by
+        # rows x (depth + 1): left out, it made drafting look cheaper than it was in large batches
+        self.step_overheads = ForwardCostModel()
         # seconds per drafted position of a drafter that runs per row (tree, ngram)
         self.row_draft_seconds: dict[str, float] = {"ngram": 2e-5}
         self.acceptance: dict[str, AcceptanceTracker] = {}
@@ -182,6 +210,8 @@ class SpeculationPolicy:
                  width: int) -> float:
         """Estimated seconds of a step drafting `depth` positions (`width` = forward's min tokens)."""
         seconds = self.target_costs.estimate(rows, max(depth + 1, width))
+        if self.step_overheads.observations:
+            seconds += self.step_overheads.estimate(rows, depth + 1)
         if depth > 0 and batched_draft_rows:
             # the first draft forward reads one or two context tokens, then one per position
             seconds += self.draft_costs.estimate(batched_draft_rows, 2)

@@ -35,7 +35,7 @@ from specops.ops import latency_budget
 
 logger = logging.getLogger(__name__)
 
-CANCEL_POLL_S = 1.0
+CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
 
 
@@ -123,7 +123,7 @@ class DeviceBatchLoop:
             engine = BatchedSpeculativeEngine(
                 job.target, job.draft, decode=job.target.tokenizer.decode,
                 policy=SpeculationPolicy(enabled=self.policy_enabled),
-                max_rows=self.max_rows, prefill_chunk=self.prefill_chunk)
+                max_rows=self.max_rows, prefill_chunk=self.prefill_chunk or None)
             self.engines[job.pair] = engine
         return engine
 

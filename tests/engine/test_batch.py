@@ -23,7 +23,7 @@ from inference.engine import (
     build_drafter,
 )
 from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest
-from inference.engine.policy import SpeculationPolicy
+from inference.engine.policy import PolicyDecision, SpeculationPolicy
 from inference.engine.ragged_cache import RaggedCache, RowInput
 from inference.engine.sampling import SamplingParams
 from inference.engine.target_only import generate_plain
@@ -111,11 +111,25 @@ def _exact_joint(model, params: SamplingParams) -> np.ndarray:
     return exact_joint(model, PROMPT, VOCAB, params)
 
 
+class _ShufflingPolicy(SpeculationPolicy):
+    """A policy whose depth changes from step to step, from a seeded generator, not from timings
+    (the real one decides from measured forward times, which would make the test flaky)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_depth=4)
+        self.draws = np.random.default_rng(0)
+
+    def decide(self, outlooks, other_rows=0, width=1):
+        deepest = min(self.max_depth, max((o.max_depth for o in outlooks), default=0))
+        return PolicyDecision(int(self.draws.integers(0, deepest + 1)), 0.0, 0.0)
+
+
 @pytest.mark.parametrize("kind", ["draft_model", "tree"])
 def test_sampling_in_a_busy_batch_follows_the_target_distribution(kind):
-    """2,000 unseeded rows (the policy sets their depth) next to greedy companions of other lengths."""
+    """2,000 unseeded rows (a policy sets their depth, step by step) next to greedy companions."""
     target, draft = target_model("llama", vocab_size=VOCAB), draft_model("llama", vocab_size=VOCAB)
-    engine = BatchedSpeculativeEngine(target, draft, max_rows=24, prefill_chunk=4)
+    engine = BatchedSpeculativeEngine(target, draft, max_rows=24, prefill_chunk=4,
+                                      policy=_ShufflingPolicy())
     torch.manual_seed(0)
     runs = 2000
     sampled = GenerationConfig(max_new_tokens=3, temperature=1.0, eos_token_id=())
@@ -230,3 +244,24 @@ def test_tree_calibration_carries_over_from_request_to_request_but_not_into_seed
     while engine.has_work():
         engine.step()
     assert tables.trials.sum().item() > learned  # and adds to it
+
+
+def test_a_newcomer_feeds_small_chunks_beside_decoding_rows_and_its_whole_prompt_alone():
+    # every row of a forward is padded to the widest: a long prompt chunk beside decode rows
+    # would make all of them that wide, so beside them it feeds `prefill_chunk` tokens a step
+    engine = _engine("llama", max_rows=2, prefill_chunk=4, policy=SpeculationPolicy(max_depth=3))
+    first, second = list(range(2, 32)), list(range(40, 70))
+    config = GenerationConfig(max_new_tokens=20)
+    engine.submit(BatchRequest("first", first, config, "draft_model"))
+    tokens = {"first": engine.step()[0].step.token_ids, "second": []}
+    assert [entry[2] for entry in engine.forward_log if entry[0] == "target"] == [30]  # alone: whole
+    engine.forward_log.clear()
+    engine.submit(BatchRequest("second", second, config, "draft_model"))
+    while engine.has_work():
+        for event in engine.step():
+            tokens[event.request_id] += event.step.token_ids
+    widths = [entry[2] for entry in engine.forward_log if entry[0] == "target"]
+    assert max(widths) <= 4  # chunks of 4 beside the decoding row; drafts of at most 3 + 1
+    assert widths.count(4) >= 30 // 4 - 1
+    for name, prompt in (("first", first), ("second", second)):
+        assert tokens[name] == generate_plain(target_model("llama"), prompt, config).token_ids

@@ -39,6 +39,44 @@ def test_cost_model_recovers_a_linear_cost():
     assert costs.estimate(16, 2) == pytest.approx(0.002 + 0.008 + 0.032, rel=1e-6)
 
 
+def test_cost_model_of_a_lone_sequence_is_not_a_per_token_extrapolation():
+    # one row at a time (rows never vary: the `1` and `rows` columns are equal) with the costs
+    # measured on the demo pair: decode steps, a few verifies and prompt prefills
+    true_ms = {1: 5.96, 2: 6.47, 9: 8.23, 56: 17.24}
+    costs = ForwardCostModel()
+    for _ in range(20):
+        for tokens, ms in true_ms.items():
+            costs.observe(1, tokens, ms / 1000)
+    for tokens, ms in true_ms.items():
+        assert costs.estimate(1, tokens) * 1000 == pytest.approx(ms, rel=0.15), tokens
+    assert costs.estimate(1, 5) < 1.5 * costs.estimate(1, 1)
+
+
+def test_a_policy_that_has_seen_only_decode_steps_and_prefills_still_drafts():
+    # the deadlock this guards against: a 5-token verify estimated at 5x a decode step, so the
+    # policy never drafted and never measured a verify
+    policy = SpeculationPolicy(max_depth=8)
+    for _ in range(50):
+        policy.target_costs.observe(1, 1, 0.006)
+        policy.draft_costs.observe(1, 1, 0.0004)
+    assert policy.decide([RowOutlook("draft_model", 8)]).depth > 0  # one size seen: optimistic
+    policy.target_costs.observe(1, 56, 0.017)
+    policy.draft_costs.observe(1, 48, 0.002)
+    decision = policy.decide([RowOutlook("draft_model", 8)])
+    assert decision.depth >= 3
+    assert policy.target_costs.estimate(1, 5) < 0.008
+
+
+def test_a_cost_model_fitted_on_one_batch_size_does_not_underestimate_another():
+    # a warm-up that only ran 8-row steps (overhead 5 ms, 0.3 ms a row, 0.2 ms a row-token):
+    # the overhead must not be handed to a per-row term it cannot tell apart from
+    costs = ForwardCostModel()
+    for tokens in (1, 5, 9, 48):
+        costs.observe(8, tokens, (5.0 + 0.3 * 8 + 0.2 * 8 * tokens) / 1000)
+    assert costs.estimate(1, 1) * 1000 >= 5.0  # the old fit said 1.2 ms
+    assert costs.estimate(8, 3) * 1000 == pytest.approx(5.0 + 2.4 + 4.8, rel=1e-6)
+
+
 def test_acceptance_tracker_learns_per_position_rates():
     tracker = AcceptanceTracker(prior=0.5)
     for _ in range(300):
