@@ -28,24 +28,26 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
-from inference.engine.config import DraftConfig, GenerationConfig
-from inference.engine.decoder import (
-    branches_of,
-    check_prompt,
-    make_generator,
-    reseed_at,
-    resolve_eos,
-    sampling_params,
+from inference.engine.batch_rows import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_TIMEOUT,
+    BatchRequest,
+    BatchRow,
+    RowEvent,
+    StepTiming,
+    default_prefill_chunk,
 )
+from inference.engine.decoder import branches_of, check_prompt, reseed_at, resolve_eos
 from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.draft_tree import DraftTree
 from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_drafter
-from inference.engine.drafters.base import DraftRequest, Drafter
+from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
@@ -54,136 +56,8 @@ from inference.engine.outputs import GenerationResult, StepOutput
 from inference.engine.policy import RowOutlook, SpeculationPolicy
 from inference.engine.ragged_cache import RaggedCache, RowInput
 from inference.engine.sampling import warp_probs
-from inference.engine.stats import GenerationStats
 from inference.engine.stopping import StopCondition
 from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
-
-FINISH_TIMEOUT = "timeout"
-FINISH_CANCELLED = "cancelled"
-FINISH_ERROR = "error"
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """One generation to run in the batch.
-
-    drafter: a drafter kind, or "auto" to let the policy choose from running acceptance.
-    deadline: a time.monotonic() value after which the row ends with finish_reason "timeout".
-    resume_ids: tokens an earlier run of this request already generated (and committed); they
-    are prefilled with the prompt and never generated again.
-    corpus: an opaque key of the earlier outputs a corpus-fed drafter (suffix) may draft from.
-    """
-
-    request_id: Hashable
-    prompt_ids: list[int]
-    config: GenerationConfig
-    drafter: str = AUTO
-    draft_config: DraftConfig = field(default_factory=DraftConfig)
-    deadline: float | None = None
-    resume_ids: tuple[int, ...] = ()
-    corpus: Hashable | None = None
-
-
-@dataclass
-class RowEvent:
-    """What one step did for one row; `step.finish_reason` set means the row has left the batch."""
-
-    request_id: Hashable
-    step: StepOutput
-    stats: GenerationStats
-    # the bonus token (a leaf of the draft was reached) rather than the target's correction
-    bonus: bool = False
-    error: str = ""
-    # the drafter the row runs (what "auto" resolved to) and the policy's depths: {depth: steps}
-    drafter: str = ""
-    depth_choices: dict[int, int] = field(default_factory=dict)
-    # prompt (and resumed) tokens the row fed the target in this step: it was prefilling
-    prefill_tokens: int = 0
-
-    @property
-    def finished(self) -> bool:
-        return self.step.finish_reason is not None
-
-
-@dataclass(frozen=True)
-class StepTiming:
-    """When one step's forwards ran (the worker's trace spans): wall-clock start, then draft, then verify."""
-
-    started_ns: int  # time.time_ns() at the step's start
-    draft_seconds: float
-    verify_seconds: float  # the target forward and the verdicts (depth choice included)
-    rows: int
-    step: int
-
-
-def default_prefill_chunk(device: torch.device) -> int:
-    """Prompt tokens a newcomer feeds per step beside decoding rows, by device.
-
-    Every row of a forward is padded to the widest (ragged_cache.py). On a GPU the padding is
-    nearly free, so a newcomer takes 64 tokens a step. On a CPU it is compute: a 48-token
-    chunk beside seven 5-token decode rows made an 8 x 56 forward (113 ms against 16 ms for the
-    decode step, measured on the demo pair), so a newcomer feeds about what the decode rows do.
-    """
-    return 64 if device.type == "cuda" else 8
-
-
-class _Row:
-    """Per-generation state of one batch row."""
-
-    def __init__(self, request: BatchRequest, drafter_kind: str, max_new_tokens: int,
-                 stop: StopCondition, device: torch.device) -> None:
-        self.request = request
-        self.drafter_kind = drafter_kind
-        self.config = request.config
-        self.context: list[int] = list(request.prompt_ids) + list(request.resume_ids)
-        # everything known before the first step is prefilled: the prompt and any resumed tokens
-        self.prompt_length = len(self.context)
-        self.generated: list[int] = list(request.resume_ids)
-        self.max_new_tokens = max_new_tokens
-        self.stop = stop
-        self.sampling = sampling_params(request.config)
-        self.generator = make_generator(request.config.seed, device)
-        # a seeded sampled row drafts on its own schedule so companions cannot change its tokens
-        self.own_schedule = self.sampling is not None and request.config.seed is not None
-        self.drafter: Drafter | None = None
-        self.schedule: DraftLengthSchedule | None = None
-        self.stats = GenerationStats(prompt_tokens=len(self.context))
-        self.prefilled = 0  # prompt tokens in the target cache
-        # draft cache bookkeeping: the context prefix known to be in the draft cache, and the
-        # drafted tokens fed after it
-        self.draft_synced = 0
-        self.draft_extra: list[int] = []
-        self.finish_reason: str | None = None
-        self.error = ""
-        self.started = time.perf_counter()
-        self.depth_choices: dict[int, int] = {}
-        self.fed_prompt = 0  # prompt tokens fed in the current step
-
-    @property
-    def prefilling(self) -> bool:
-        """Whether prompt tokens are still to be fed to the target."""
-        return self.prefilled < self.prompt_length
-
-    @property
-    def cached(self) -> int:
-        """Context tokens in the target cache: the prompt so far, or all but the pending token."""
-        return self.prefilled if self.prefilling else len(self.context) - 1
-
-    def chunk_end(self, chunk: int) -> int:
-        """End (exclusive) of the context this step feeds: the next prompt chunk, or all of it."""
-        if self.prefilling:
-            return min(self.prompt_length, self.prefilled + chunk)
-        return len(self.context)
-
-    def can_draft(self, chunk: int) -> bool:
-        """Drafting needs the whole context in this step's forward (decoding, or the last chunk)."""
-        return self.chunk_end(chunk) == len(self.context)
-
-    @property
-    def room(self) -> int:
-        """Draft positions the tokens left allow (one token of each step is the target's)."""
-        return self.max_new_tokens - len(self.generated) - 1
-
 
 class BatchedSpeculativeEngine:
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
@@ -223,9 +97,9 @@ class BatchedSpeculativeEngine:
         self.draft_context = context_length(draft) if draft is not None else 0
         self.target_cache = RaggedCache(target)
         self.draft_cache = RaggedCache(draft) if draft is not None else None
-        self.rows: list[_Row] = []  # target cache row i is rows[i]
-        self.draft_rows: list[_Row] = []  # draft cache row i is draft_rows[i]
-        self.waiting: deque[_Row] = deque()
+        self.rows: list[BatchRow] = []  # target cache row i is rows[i]
+        self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
+        self.waiting: deque[BatchRow] = deque()
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
@@ -256,7 +130,7 @@ class BatchedSpeculativeEngine:
         elif kind not in self.drafter_kinds():
             raise ConfigError(f"drafter: {kind!r} cannot run here; available: "
                               f"{', '.join(self.drafter_kinds())}")
-        row = _Row(request, kind, max_new, stop, self.device)
+        row = BatchRow(request, kind, max_new, stop, self.device)
         if kind in ("tree", "ngram", "suffix", "none"):
             row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
                                         config=request.draft_config, corpus=request.corpus)
@@ -363,7 +237,7 @@ class BatchedSpeculativeEngine:
         self.last_decision = decision
         return decision.depth
 
-    def _depth_cap(self, row: _Row) -> int:
+    def _depth_cap(self, row: BatchRow) -> int:
         """The deepest draft the row can take: its tokens left, the draft's positions."""
         if row.drafter_kind == "none":
             return 0
@@ -372,7 +246,7 @@ class BatchedSpeculativeEngine:
             cap = min(cap, self.draft_context - len(row.context) + 1)
         return max(cap, 0)
 
-    def _row_depth(self, row: _Row, policy_depth: int) -> int:
+    def _row_depth(self, row: BatchRow, policy_depth: int) -> int:
         if not row.can_draft(self._chunk) or row.drafter_kind == "none":
             return 0
         if row.own_schedule or not self.policy.enabled:
@@ -476,7 +350,7 @@ class BatchedSpeculativeEngine:
             trees[id(row)] = DraftTree.chain(tokens[index], log_probs[index], q)
         return trees
 
-    def _draw(self, row: _Row, logits: torch.Tensor, position: int, tokens: list[int],
+    def _draw(self, row: BatchRow, logits: torch.Tensor, position: int, tokens: list[int],
               log_probs: list[float], rows_q: list[torch.Tensor]) -> int | None:
         """Append the row's next draft token (greedy or sampled from q); None to stop drafting."""
         threshold = row.request.draft_config.confidence_threshold
@@ -507,7 +381,7 @@ class BatchedSpeculativeEngine:
 
     # -- verification ---------------------------------------------------------------------
 
-    def _context_new(self, row: _Row) -> list[int]:
+    def _context_new(self, row: BatchRow) -> list[int]:
         """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
         return row.context[row.cached:row.chunk_end(self._chunk)]
 
@@ -558,7 +432,7 @@ class BatchedSpeculativeEngine:
 
     def _verdict(
         self,
-        row: _Row,
+        row: BatchRow,
         tree: DraftTree,
         # [1 + nodes, vocab_size]
         logits: torch.Tensor,
@@ -569,7 +443,7 @@ class BatchedSpeculativeEngine:
             logits = logits.float()
         return verify_sampling(tree, warp_probs(logits, row.sampling), row.generator)
 
-    def _advance(self, row: _Row, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
+    def _advance(self, row: BatchRow, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
                  draft_seconds: float) -> RowEvent:
         if result is None:
             # still prefilling (or failed): no tokens this step
@@ -596,11 +470,11 @@ class BatchedSpeculativeEngine:
                           finish_reason)
         return self._event(row, step, bonus, prefill_tokens=row.fed_prompt)
 
-    def _event(self, row: _Row, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0) -> RowEvent:
+    def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0) -> RowEvent:
         return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
                         row.depth_choices, prefill_tokens)
 
-    def _leave(self, rows: Iterable[_Row]) -> None:
+    def _leave(self, rows: Iterable[BatchRow]) -> None:
         leaving = {id(row) for row in rows}
         if not leaving:
             return
