@@ -53,7 +53,10 @@ class ForwardCostModel:
     def __init__(self, window: int = 256) -> None:
         self._observations: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._coefficients: tuple[float, float, float] | None = None
-        self._full = False  # the last fit had every term (rows and tokens both varied)
+        # the row and token counts the last fit saw: a new one refits at once (a new term, or
+        # a shape the fit has not seen), otherwise every 16 observations
+        self._fit_rows: set[int] = set()
+        self._fit_tokens: set[int] = set()
         self._dirty = 0
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
@@ -61,13 +64,13 @@ class ForwardCostModel:
             return
         self._observations.append((rows, tokens, seconds))
         self._dirty += 1
-        if not self._full or self._dirty >= 16:
+        if self._dirty >= 16 or rows not in self._fit_rows or tokens not in self._fit_tokens:
             self._fit()
 
     def _fit(self) -> None:
         self._dirty = 0
-        rows_seen = {rows for rows, _, _ in self._observations}
-        tokens_seen = {tokens for _, tokens, _ in self._observations}
+        rows_seen = self._fit_rows = {rows for rows, _, _ in self._observations}
+        tokens_seen = self._fit_tokens = {tokens for _, tokens, _ in self._observations}
         # a term is fitted only once what it depends on has varied: with one row count the `1`
         # and `rows` columns are the same, and splitting the overhead between them would
         # extrapolate nonsense to other batch sizes (8-row steps predicting 1 ms for one row)
@@ -76,7 +79,6 @@ class ForwardCostModel:
             columns.append(lambda rows, tokens: float(rows))
         if len(tokens_seen) >= 2:
             columns.append(lambda rows, tokens: float(rows * tokens))
-        self._full = len(columns) == 3
         if len(columns) == 1:
             self._coefficients = None
             return
