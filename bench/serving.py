@@ -1,8 +1,8 @@
 """Serving benchmark: aggregate throughput and latency as concurrency grows, on the demo pair, one run.
 
-    .venv/bin/python bench/serving.py [--device cpu|cuda] [--concurrency 1,4,8,16] [--skip-api | --api-only]
+    .venv/bin/python bench/serving.py [--device cpu|cuda] [--concurrency 1,4,8,16] [--requests 32] [--skip-api | --api-only]
 
-At each concurrency c, the same workload of `--requests` requests (16 held-out prompts, 64 new
+At each concurrency c, the same workload of `--requests` requests (32 held-out prompts, 64 new
 tokens, greedy, EOS off so every request runs its full length) is served with c requests in
 flight: c arrive together and each one that ends is replaced by the next (a closed loop, as
 vLLM's `--max-concurrency`), by:
@@ -227,7 +227,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=48, help="cut each prompt to this many tokens")
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=16,
+    parser.add_argument("--requests", type=int, default=32,
                         help="requests served at each concurrency (at least c), c in flight at a time")
     parser.add_argument("--repeats", type=int, default=2, help="best of N per method and concurrency")
     parser.add_argument("--sequential-max", type=int, default=16)

@@ -5,7 +5,8 @@
    or cancelled;
 2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
-   over the draft's KV cache); `tree`, `ngram` and `suffix` rows draft with their own drafters;
+   over the draft's KV cache, batch_chains.py); `tree`, `ngram` and `suffix` rows draft with
+   their own drafters;
 4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
    feeds its pending token plus its draft tree, a newcomer feeds the next chunk of its prompt
    (at most `prefill_chunk` tokens beside decoding rows, so a long prompt never stalls them;
@@ -24,7 +25,6 @@ depth, so its tokens do not depend on its companions; greedy rows follow the pol
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
@@ -43,6 +43,7 @@ from inference.engine.batch_rows import (
     StepTiming,
     default_prefill_chunk,
 )
+from inference.engine.batch_chains import ChainDrafting
 from inference.engine.decoder import branches_of, check_prompt, reseed_at, resolve_eos
 from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.draft_tree import DraftTree
@@ -51,7 +52,7 @@ from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
-from inference.engine.modeling import align_vocab, context_length, draftable_ids, logits_width
+from inference.engine.modeling import context_length, logits_width
 from inference.engine.outputs import GenerationResult, StepOutput
 from inference.engine.policy import RowOutlook, SpeculationPolicy
 from inference.engine.ragged_cache import RaggedCache, RowInput
@@ -59,7 +60,7 @@ from inference.engine.sampling import warp_probs
 from inference.engine.stopping import StopCondition
 from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
 
-class BatchedSpeculativeEngine:
+class BatchedSpeculativeEngine(ChainDrafting):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -278,106 +279,6 @@ class BatchedSpeculativeEngine:
                 row.context, DraftRequest(depth, row.sampling, row.generator))
             self.policy.observe_row_draft(row.drafter_kind, depth, time.perf_counter() - row_started)
         return [trees.get(id(row), DraftTree.empty()) for row in self.rows], time.perf_counter() - started
-
-    def _draftable(self, token_ids: list[int]) -> list[int]:
-        """Ids the draft can read: one it lacks (a padded target vocabulary) reads as a substitute."""
-        return draftable_ids(token_ids, self.draft_vocab)
-
-    def _draft_chains(self, wanted: dict[int, int]) -> dict[int, DraftTree]:
-        """Draft every draft_model row's chain with shared draft forwards; rows keep in sync."""
-        cache = self.draft_cache
-        inputs: list[RowInput] = []
-        drafting: list[int] = []
-        for index, row in enumerate(self.draft_rows):
-            depth = wanted.get(id(row), 0)
-            if depth == 0 and not row.prefilling:
-                inputs.append(RowInput([], []))  # the draft catches up when it next drafts
-                continue
-            common = row.draft_synced
-            for token in row.draft_extra:
-                if common < len(row.context) and row.context[common] == token:
-                    common += 1
-                else:
-                    break
-            # never keep the last context token cached: its logits are what we need
-            common = min(common, len(row.context) - 1)
-            cache.truncate_row(index, common)
-            end = row.chunk_end(self._chunk)
-            inputs.append(RowInput(self._draftable(row.context[common:end]), list(range(common, end))))
-            row.draft_synced, row.draft_extra = end, []
-            if depth > 0:
-                drafting.append(index)
-        if not any(item.token_ids for item in inputs):
-            return {}
-        forward_started = time.perf_counter()
-        logits = cache.forward(inputs)
-        self._observe_draft(inputs, forward_started)
-        tokens: dict[int, list[int]] = {index: [] for index in drafting}
-        log_probs: dict[int, list[float]] = {index: [] for index in drafting}
-        rows_q: dict[int, list[torch.Tensor]] = {index: [] for index in drafting}
-        # [vocab] the draft's logits for the next position of each drafting row
-        current = {index: align_vocab(logits[index][-1:], self.vocab_width)[0] for index in drafting}
-        open_rows = list(drafting)
-        position = 0
-        while open_rows:
-            feed: dict[int, int] = {}
-            for index in open_rows:
-                row = self.draft_rows[index]
-                token = self._draw(row, current[index], position, tokens[index], log_probs[index],
-                                   rows_q[index])
-                if token is None or len(tokens[index]) >= wanted[id(row)]:
-                    continue
-                feed[index] = token
-            open_rows = list(feed)
-            if not open_rows:
-                break
-            step_inputs = [RowInput([], []) for _ in self.draft_rows]
-            for index, token in feed.items():
-                row = self.draft_rows[index]
-                at = len(row.context) + len(row.draft_extra)
-                step_inputs[index] = RowInput(self._draftable([token]), [at])
-                row.draft_extra.append(token)
-            forward_started = time.perf_counter()
-            logits = cache.forward(step_inputs)
-            self._observe_draft(step_inputs, forward_started)
-            for index in open_rows:
-                current[index] = align_vocab(logits[index], self.vocab_width)[0]
-            position += 1
-        trees = {}
-        for index in drafting:
-            row = self.draft_rows[index]
-            q = torch.stack(rows_q[index]) if rows_q[index] else None
-            trees[id(row)] = DraftTree.chain(tokens[index], log_probs[index], q)
-        return trees
-
-    def _draw(self, row: BatchRow, logits: torch.Tensor, position: int, tokens: list[int],
-              log_probs: list[float], rows_q: list[torch.Tensor]) -> int | None:
-        """Append the row's next draft token (greedy or sampled from q); None to stop drafting."""
-        threshold = row.request.draft_config.confidence_threshold
-        if row.sampling is None:
-            log_q = logits.log_softmax(dim=-1)
-            best, token_tensor = log_q.max(dim=-1)
-            if threshold and position > 0 and float(best) < math.log(threshold):
-                return None
-            token = int(token_tensor)
-            log_probs.append(float(best))
-        else:
-            q = warp_probs(logits[None], row.sampling)[0]
-            if threshold and position > 0 and float(q.max()) < threshold:
-                return None
-            token = int(torch.multinomial(q, 1, generator=row.generator))
-            log_probs.append(float(q[token].log()))
-            rows_q.append(q)
-        tokens.append(token)
-        return token
-
-    def _observe_draft(self, inputs: list[RowInput], started: float) -> None:
-        rows = sum(1 for item in inputs if item.token_ids)
-        tokens = max(len(item.token_ids) for item in inputs)
-        seconds = time.perf_counter() - started
-        self._forward_seconds += seconds
-        self.policy.draft_costs.observe(rows, tokens, seconds)
-        self.forward_log.append(("draft", rows, tokens, seconds))
 
     # -- verification ---------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ condition live here, so batch.py is only the step itself.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.drafters import AUTO
 from inference.engine.drafters.base import Drafter
 from inference.engine.outputs import StepOutput
+from inference.engine.sampling import warp_probs
 from inference.engine.stats import GenerationStats
 from inference.engine.stopping import StopCondition
 
@@ -147,3 +149,24 @@ class BatchRow:
     def room(self) -> int:
         """Draft positions the tokens left allow (one token of each step is the target's)."""
         return self.max_new_tokens - len(self.generated) - 1
+
+    def draw_draft_token(self, logits: torch.Tensor, position: int, tokens: list[int],
+                         log_probs: list[float], rows_q: list[torch.Tensor]) -> int | None:
+        """Append the row's next draft token (greedy or sampled from q); None to stop drafting."""
+        threshold = self.request.draft_config.confidence_threshold
+        if self.sampling is None:
+            log_q = logits.log_softmax(dim=-1)
+            best, token_tensor = log_q.max(dim=-1)
+            if threshold and position > 0 and float(best) < math.log(threshold):
+                return None
+            token = int(token_tensor)
+            log_probs.append(float(best))
+        else:
+            q = warp_probs(logits[None], self.sampling)[0]
+            if threshold and position > 0 and float(q.max()) < threshold:
+                return None
+            token = int(torch.multinomial(q, 1, generator=self.generator))
+            log_probs.append(float(q[token].log()))
+            rows_q.append(q)
+        tokens.append(token)
+        return token
