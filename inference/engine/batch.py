@@ -282,6 +282,13 @@ class BatchedSpeculativeEngine(ChainDrafting):
 
     # -- verification ---------------------------------------------------------------------
 
+    def _log_forward(self, kind: str, rows: int, tokens: int, seconds: float) -> None:
+        """Count a forward ("target" or "draft") in the step, its cost model and `forward_log`."""
+        self._forward_seconds += seconds
+        costs = self.policy.target_costs if kind == "target" else self.policy.draft_costs
+        costs.observe(rows, tokens, seconds)
+        self.forward_log.append((kind, rows, tokens, seconds))
+
     def _context_new(self, row: BatchRow) -> list[int]:
         """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
         return row.context[row.cached:row.chunk_end(self._chunk)]
@@ -301,11 +308,8 @@ class BatchedSpeculativeEngine(ChainDrafting):
             inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
         forward_started = time.perf_counter()
         logits = self.target_cache.forward(inputs)
-        seconds = time.perf_counter() - forward_started
-        tokens = max(len(item.token_ids) for item in inputs)
-        self._forward_seconds += seconds
-        self.policy.target_costs.observe(len(inputs), tokens, seconds)
-        self.forward_log.append(("target", len(inputs), tokens, seconds))
+        self._log_forward("target", len(inputs), max(len(item.token_ids) for item in inputs),
+                          time.perf_counter() - forward_started)
         start = self.target_cache.last_start
         results: list[VerifyResult | None] = []
         for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):

@@ -93,9 +93,5 @@ class ChainDrafting:
         return trees
 
     def _observe_draft(self, inputs: list[RowInput], started: float) -> None:
-        rows = sum(1 for item in inputs if item.token_ids)
-        tokens = max(len(item.token_ids) for item in inputs)
-        seconds = time.perf_counter() - started
-        self._forward_seconds += seconds
-        self.policy.draft_costs.observe(rows, tokens, seconds)
-        self.forward_log.append(("draft", rows, tokens, seconds))
+        self._log_forward("draft", sum(1 for item in inputs if item.token_ids),
+                          max(len(item.token_ids) for item in inputs), time.perf_counter() - started)
