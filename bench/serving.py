@@ -154,10 +154,11 @@ def run_hf_static(target, tokenizer, prompts, max_new_tokens, concurrency: int |
 def engine_table(args, target, draft, tokenizer, prompts) -> dict[tuple[str, int], Run]:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=NO_EOS)
     policy = SpeculationPolicy(max_depth=8)
+    prefill = None if args.prefill == "auto" else args.prefill
     spec_engine = BatchedSpeculativeEngine(target, draft, decode=tokenizer.decode, policy=policy,
-                                           max_rows=max(args.concurrency))
+                                           max_rows=max(args.concurrency), prefill=prefill)
     plain_engine = BatchedSpeculativeEngine(target, draft, decode=tokenizer.decode,
-                                            max_rows=max(args.concurrency))
+                                            max_rows=max(args.concurrency), prefill=prefill)
     # warm-up: every method once at a small batch, and the policy's cost model on real shapes
     warm = [prompts[0], prompts[1 % len(prompts)]]
     run_batched("warm", spec_engine, warm * 4, generation, "draft_model", args.gamma)
@@ -234,6 +235,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # One thread, as the workers run (OMP_NUM_THREADS=1 in scripts/run.sh and the systemd unit):
     # on a shared 2-core box a second intra-op thread spins against the other processes.
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    parser.add_argument("--prefill", choices=("auto", "shared", "separate"), default="auto",
+                        help="the batched engines' prefill mode (SPECOPS_PREFILL of the API's worker)")
     parser.add_argument("--skip-api", action="store_true", help="engine figures only")
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
@@ -253,6 +256,8 @@ def measure_api(model_dir: Path, args: argparse.Namespace) -> dict[int, float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.prefill != "auto":
+        os.environ["SPECOPS_PREFILL"] = args.prefill  # the API run's worker inherits it
     if args.threads:
         torch.set_num_threads(args.threads)
     from inference.demo.prompts import load_heldout_prompts

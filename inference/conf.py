@@ -17,8 +17,12 @@ SETTINGS = (
     Setting("SPECOPS_RESIDENT_MODELS", int, 4, "model versions a worker process keeps loaded"),
     Setting("SPECOPS_WORKER_DEVICE", str, "cpu", "device of this worker process: cpu, cuda:0, ..."),
     Setting("SPECOPS_MAX_BATCH", int, 8, "sessions one device's batching loop runs at once (bench/serving.py)"),
+    Setting("SPECOPS_PREFILL", str, "auto",
+            "where a newcomer's prompt runs: separate (its own forwards), shared (in the decoding rows' forward), "
+            "auto (separate on a CPU, shared on a GPU)"),
     Setting("SPECOPS_PREFILL_CHUNK", int, 0,
-            "prompt tokens a newcomer feeds per step beside decoding rows (0: by device, 8 on a CPU, 64 on a GPU)"),
+            "prompt tokens a newcomer feeds per step beside decoding rows (0: by device and mode, "
+            "64, or 8 on a CPU in the shared mode)"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
     Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),

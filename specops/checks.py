@@ -13,6 +13,19 @@ def check_configuration(app_configs=None, **kwargs) -> list:
     return [Error(msg, hint=hint, id=check_id) for check_id, msg, hint in settings.CONFIG_ERRORS]
 
 
+PREFILL_MODES = ("auto", "shared", "separate")  # inference.engine.batch_prefill's, and auto
+
+
+@register()
+def check_prefill_mode(app_configs=None, **kwargs) -> list:
+    """SPECOPS_PREFILL names a prefill mode; a typo would otherwise fail every session of a worker."""
+    mode = inference_conf.PREFILL
+    if mode not in PREFILL_MODES:
+        return [Error(f"SPECOPS_PREFILL {mode!r} is not a prefill mode.",
+                      hint=f"Use one of: {', '.join(PREFILL_MODES)}.", id="specops.E003")]
+    return []
+
+
 @register()
 def check_model_dir(app_configs=None, **kwargs) -> list:
     """Warn when SPECOPS_MODEL_DIR points at a file: workers could never load a model from it."""

@@ -49,6 +49,13 @@ def test_system_check_names_the_bad_replica_url():
     assert "HINT" in result.stderr
 
 
+def test_system_check_names_a_bad_prefill_mode():
+    result = manage("check", SPECOPS_PREFILL="seperate")
+    assert result.returncode != 0
+    assert "specops.E003" in result.stderr and "'seperate'" in result.stderr and "shared" in result.stderr
+    assert manage("check", SPECOPS_PREFILL="shared").returncode == 0
+
+
 def test_debug_off_refuses_the_default_secret_key():
     env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
     result = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,

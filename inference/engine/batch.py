@@ -2,15 +2,17 @@
 
 `BatchedSpeculativeEngine` holds up to `max_rows` generations. Each `step()`:
 1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
-   or cancelled;
+   or cancelled; in the separate prefill mode (a CPU's default, batch_prefill.py) feeds the
+   newcomers' prompts in a forward of their own and moves those done into the batch;
 2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
    over the draft's KV cache, batch_chains.py); `tree`, `ngram` and `suffix` rows draft with
    their own drafters;
 4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
-   feeds its pending token plus its draft tree, a newcomer feeds the next chunk of its prompt
-   (at most `prefill_chunk` tokens beside decoding rows, so a long prompt never stalls them;
-   `solo_prefill_chunk` when no row decodes);
+   feeds its pending token plus its draft tree; in the shared prefill mode (a GPU's default) a
+   newcomer feeds the next chunk of its prompt in that forward. Either way a newcomer takes at
+   most `prefill_chunk` prompt tokens a step beside decoding rows, so a long prompt never
+   stalls them, and `solo_prefill_chunk` when no row decodes;
 5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row.
 
 Invariant between steps, per row: the target cache holds every context token but the last
@@ -44,6 +46,7 @@ from inference.engine.batch_rows import (
     default_prefill_chunk,
 )
 from inference.engine.batch_chains import ChainDrafting
+from inference.engine.batch_prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
 from inference.engine.decoder import branches_of, check_prompt, reseed_at, resolve_eos
 from inference.engine.draft_length import DraftLengthSchedule
 from inference.engine.draft_tree import DraftTree
@@ -60,12 +63,13 @@ from inference.engine.sampling import warp_probs
 from inference.engine.stopping import StopCondition
 from inference.engine.verify import VerifyResult, verify_greedy, verify_sampling
 
-class BatchedSpeculativeEngine(ChainDrafting):
+class BatchedSpeculativeEngine(ChainDrafting, PrefillLane):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
     be None. Two LoadedModels are checked to be a compatible pair. decode: ids -> text, needed
     for stop strings (default: the target's tokenizer). policy: None uses a SpeculationPolicy.
+    prefill: "shared" or "separate" (batch_prefill.py); None chooses by device.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class BatchedSpeculativeEngine(ChainDrafting):
         max_rows: int = 16,
         prefill_chunk: int | None = None,
         solo_prefill_chunk: int = 256,
+        prefill: str | None = None,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
@@ -87,7 +92,10 @@ class BatchedSpeculativeEngine(ChainDrafting):
         self.policy = policy or SpeculationPolicy()
         self.max_rows = max_rows
         # prompt tokens a newcomer feeds per step beside decoding rows, and when no row decodes
-        self.prefill_chunk = prefill_chunk or default_prefill_chunk(target.device)
+        self.prefill = prefill or default_prefill_mode(target.device)
+        if self.prefill not in PREFILL_MODES:
+            raise ConfigError(f"prefill: must be one of {', '.join(PREFILL_MODES)}, got {self.prefill!r}")
+        self.prefill_chunk = prefill_chunk or default_prefill_chunk(target.device, self.prefill)
         self.solo_prefill_chunk = max(self.prefill_chunk, solo_prefill_chunk)
         self._chunk = self.prefill_chunk  # this step's
         self._forward_seconds = 0.0  # this step's, so far
@@ -100,6 +108,7 @@ class BatchedSpeculativeEngine(ChainDrafting):
         self.draft_cache = RaggedCache(draft) if draft is not None else None
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
+        self._init_prefill_lane()
         self.waiting: deque[BatchRow] = deque()
         self._cancelled: set[Hashable] = set()
         self.steps = 0
@@ -107,7 +116,7 @@ class BatchedSpeculativeEngine(ChainDrafting):
         self.tree_calibrations = TreeCalibrations()  # what tree drafters learn, kept across requests
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
-        self.forward_log: list[tuple[str, int, int, float]] = []
+        self.forward_log: list[tuple[str, int, int, float]] = []  # kinds: see _log_forward
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -159,19 +168,33 @@ class BatchedSpeculativeEngine(ChainDrafting):
 
     @property
     def active(self) -> int:
-        return len(self.rows) + len(self.waiting)
+        return len(self.rows) + len(self.lane_rows) + len(self.waiting)
 
     def has_work(self) -> bool:
-        return bool(self.rows or self.waiting)
+        return bool(self.rows or self.lane_rows or self.waiting)
 
     def _admit(self) -> None:
-        while self.waiting and len(self.rows) < self.max_rows:
+        while self.waiting and len(self.rows) + len(self.lane_rows) < self.max_rows:
             row = self.waiting.popleft()
+            if self.prefill == PREFILL_SEPARATE:
+                self._enter_lane(row)
+            else:
+                self._add_decoding_row(row, None)
+
+    def _add_decoding_row(self, row: BatchRow, lane_index: tuple[int, int | None] | None) -> None:
+        """Give the row a row of the batch's caches: empty, or its prefilled one from the lane
+        (lane_index: its target and draft cache rows there)."""
+        if lane_index is None:
             self.target_cache.add_row()
-            self.rows.append(row)
-            if row.drafter_kind == "draft_model":
+        else:
+            self.target_cache.adopt_row(self.lane_target_cache, lane_index[0])
+        self.rows.append(row)
+        if row.drafter_kind == "draft_model":
+            if lane_index is None:
                 self.draft_cache.add_row()
-                self.draft_rows.append(row)
+            else:
+                self.draft_cache.adopt_row(self.lane_draft_cache, lane_index[1])
+            self.draft_rows.append(row)
 
     # -- one step -------------------------------------------------------------------------
 
@@ -186,20 +209,40 @@ class BatchedSpeculativeEngine(ChainDrafting):
                 events.append(self._event(row, StepOutput([], 0, 0, [], FINISH_CANCELLED)))
         self._admit()
         now = time.monotonic()
-        for row in self.rows:
+        for row in self.rows + self.lane_rows:
             if row.request.request_id in self._cancelled:
                 row.finish_reason = FINISH_CANCELLED
             elif row.request.deadline is not None and now >= row.request.deadline:
                 row.finish_reason = FINISH_TIMEOUT
-        ended = [row for row in self.rows if row.finish_reason is not None]
+        ended = [row for row in self.rows + self.lane_rows if row.finish_reason is not None]
         for row in ended:
             events.append(self._event(row, StepOutput([], 0, 0, [], row.finish_reason)))
         self._leave(ended)
-        if not self.rows:
+        if not self.has_work():
             return events
         decoding = any(not row.prefilling for row in self.rows)
         self._chunk = self.prefill_chunk if decoding else self.solo_prefill_chunk
-        step_started, started_ns = time.perf_counter(), time.time_ns()
+        started_ns = time.time_ns()
+        for row in self.rows:
+            row.fed_prompt = 0
+        with torch.inference_mode():
+            lane_started = time.perf_counter()
+            events.extend(self._prefill_lane_step(self._chunk))
+            prefill_seconds = time.perf_counter() - lane_started
+        self.last_step_timing = StepTiming(started_ns, 0.0, 0.0, 0, self.steps, prefill_seconds)
+        if self.rows:
+            events.extend(self._decode_step(started_ns, prefill_seconds))
+        self._leave([row for row in self.rows + self.lane_rows if row.finish_reason is not None])
+        self._move_ready_rows()  # they decode from the next step on
+        self.target_cache.maybe_compact()
+        if self.draft_cache is not None and self.draft_rows:
+            self.draft_cache.maybe_compact()
+        self.steps += 1
+        return events
+
+    def _decode_step(self, started_ns: int, prefill_seconds: float) -> list[RowEvent]:
+        """Draft and verify every row of the batch (steps 2-5 of the module docstring)."""
+        step_started = time.perf_counter()
         self._forward_seconds = 0.0
         rows = len(self.rows)
         with torch.inference_mode():
@@ -208,17 +251,12 @@ class BatchedSpeculativeEngine(ChainDrafting):
             results = self._verify(trees)
         step_seconds = time.perf_counter() - step_started
         self.last_step_timing = StepTiming(started_ns, draft_seconds, step_seconds - draft_seconds,
-                                           rows, self.steps)
-        for row, tree, result in zip(list(self.rows), trees, results):
-            events.append(self._advance(row, tree, result, step_seconds, draft_seconds))
+                                           rows, self.steps, prefill_seconds)
+        events = [self._advance(row, tree, result, step_seconds, draft_seconds)
+                  for row, tree, result in zip(list(self.rows), trees, results)]
         # what the step cost beyond its forwards (drafting and verifying in Python, per row)
         overhead = time.perf_counter() - step_started - self._forward_seconds
         self.policy.step_overheads.observe(rows, depth + 1, overhead)
-        self._leave([row for row in self.rows if row.finish_reason is not None])
-        self.target_cache.maybe_compact()
-        if self.draft_cache is not None and self.draft_rows:
-            self.draft_cache.maybe_compact()
-        self.steps += 1
         return events
 
     def _choose_depth(self) -> int:
@@ -282,12 +320,15 @@ class BatchedSpeculativeEngine(ChainDrafting):
 
     # -- verification ---------------------------------------------------------------------
 
-    def _log_forward(self, kind: str, rows: int, tokens: int, seconds: float) -> None:
-        """Count a forward ("target" or "draft") in the step, its cost model and `forward_log`."""
+    def _log_forward(self, kind: str, rows: int, tokens: int, seconds: float, costed: bool = True) -> None:
+        """Count a forward in the step, its cost model and `forward_log`: "target" or "draft", or
+        (costed=False: outside the step the policy plans) the prefill lane's "prefill" and "draft_prefill"."""
+        self.forward_log.append((kind, rows, tokens, seconds))
+        if not costed:
+            return
         self._forward_seconds += seconds
         costs = self.policy.target_costs if kind == "target" else self.policy.draft_costs
         costs.observe(rows, tokens, seconds)
-        self.forward_log.append((kind, rows, tokens, seconds))
 
     def _context_new(self, row: BatchRow) -> list[int]:
         """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
@@ -314,8 +355,8 @@ class BatchedSpeculativeEngine(ChainDrafting):
         results: list[VerifyResult | None] = []
         for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
             new = len(inputs[index].token_ids) - len(tree)
-            row.fed_prompt = new if row.prefilling else 0
             if row.prefilling:
+                row.fed_prompt = new
                 row.prefilled += new
                 if row.prefilling:
                     results.append(None)
@@ -385,6 +426,7 @@ class BatchedSpeculativeEngine(ChainDrafting):
             return
         for row in rows:
             self._cancelled.discard(row.request.request_id)
+        self._leave_lane([row for row in self.lane_rows if id(row) in leaving])
         keep = [index for index, row in enumerate(self.rows) if id(row) not in leaving]
         self.target_cache.keep_rows(keep)
         self.rows = [self.rows[index] for index in keep]

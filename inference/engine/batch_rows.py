@@ -80,17 +80,21 @@ class StepTiming:
     verify_seconds: float  # the target forward and the verdicts (depth choice included)
     rows: int
     step: int
+    # the prefill lane's forwards, before the draft (separate prefill mode; 0 in the shared one)
+    prefill_seconds: float = 0.0
 
 
-def default_prefill_chunk(device: torch.device) -> int:
-    """Prompt tokens a newcomer feeds per step beside decoding rows, by device.
+def default_prefill_chunk(device: torch.device, prefill: str = "shared") -> int:
+    """Prompt tokens a newcomer feeds per step beside decoding rows, by device and prefill mode.
 
     Every row of a forward is padded to the widest (ragged_cache.py). On a GPU the padding is
     nearly free, so a newcomer takes 64 tokens a step. On a CPU it is compute: a 48-token
     chunk beside seven 5-token decode rows made an 8 x 56 forward (113 ms against 16 ms for the
-    decode step, measured on the demo pair), so a newcomer feeds about what the decode rows do.
+    decode step, measured on the demo pair), so in the shared mode a newcomer feeds about what
+    the decode rows do; in the separate mode (batch_prefill.py) its chunk pads no decoding row
+    and 64 tokens a step bound what a step's prefill adds to the decoding rows' step.
     """
-    return 64 if device.type == "cuda" else 8
+    return 64 if device.type == "cuda" or prefill == "separate" else 8
 
 
 class BatchRow:

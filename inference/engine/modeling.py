@@ -124,16 +124,30 @@ def forward_batch_logits(
     attention_mask: torch.Tensor,
     # [rows, new_tokens] each row's own positions
     position_ids: torch.Tensor,
-) -> torch.Tensor:
+    logits: str = "all",
+    # [rows] the index of each row's last new token (logits="last")
+    last_index: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """Run a batch of rows (ragged underneath: the mask says what each token sees); [rows, new, vocab].
 
     The cache grows by `new_tokens` slots in every row. Used by the batched engine.
+    logits: "all"; "last" ([rows, 1, vocab], each row's at `last_index`: a prefill's last chunk);
+    "none" fills the cache only (a prefill chunk), the vocabulary projection skipped.
     """
     if supports_lean_forward(model):
-        return model.lm_head(_lean_hidden(model, input_ids, cache, attention_mask, position_ids))
-    output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
-                   position_ids=position_ids, use_cache=True)
-    return output.logits
+        hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids)
+    else:
+        hidden = None
+        output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
+                       position_ids=position_ids, use_cache=True, logits_to_keep=1 if logits == "none" else 0)
+    if logits == "none":
+        return None
+    if logits == "last":
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        if hidden is None:  # the model computed every position's logits: pick the last
+            return output.logits[rows, last_index][:, None]
+        return model.lm_head(hidden[rows, last_index][:, None])
+    return model.lm_head(hidden) if hidden is not None else output.logits
 
 
 def forward_logits(

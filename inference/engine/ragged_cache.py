@@ -73,6 +73,44 @@ class RaggedCache:
             layer.values = torch.cat((layer.values, layer.values.new_zeros(shape)))
         return self.rows - 1
 
+    def adopt_row(self, other: RaggedCache, row: int) -> int:
+        """Append row `row` of `other` (another cache of the same model) as a new row; return its index.
+
+        The row's keys and values are copied in sequence order to the front of the new row (its
+        holes in `other` are squeezed out); the cache widens with holes if the row is longer.
+        """
+        index = other.slots[row].nonzero()[:, 0]
+        length = int(index.numel())
+        if length > self.width:
+            self._widen(length - self.width)
+        new = self.add_row()
+        if length == 0:
+            return new
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            if not theirs.is_initialized or not theirs.keys.numel():
+                continue
+            if not mine.is_initialized or not mine.keys.numel():
+                # the first keys of this cache: zeros (holes) for the rows it already has
+                mine.lazy_initialization(theirs.keys, theirs.values)
+                mine.keys = theirs.keys.new_zeros(self.rows, theirs.keys.shape[1], self.width,
+                                                  theirs.keys.shape[3])
+                mine.values = theirs.values.new_zeros(self.rows, theirs.values.shape[1], self.width,
+                                                      theirs.values.shape[3])
+            device_index = index.to(theirs.keys.device)
+            mine.keys[new, :, :length] = theirs.keys[row].index_select(1, device_index)
+            mine.values[new, :, :length] = theirs.values[row].index_select(1, device_index)
+        self.slots[new, :length] = True
+        return new
+
+    def _widen(self, extra: int) -> None:
+        """Add `extra` hole slots at the end of every row."""
+        self.slots = torch.cat((self.slots, torch.zeros(self.rows, extra, dtype=torch.bool)), dim=1)
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                tensor = getattr(layer, name)
+                pad = tensor.new_zeros(tensor.shape[0], tensor.shape[1], extra, tensor.shape[3])
+                setattr(layer, name, torch.cat((tensor, pad), dim=2))
+
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only `rows`, in that order (the others leave the batch)."""
         index = torch.tensor(rows, dtype=torch.long)
@@ -130,10 +168,12 @@ class RaggedCache:
             return True
         return False
 
-    def forward(self, inputs: list[RowInput]) -> list[torch.Tensor]:
+    def forward(self, inputs: list[RowInput], logits: str = "all") -> list[torch.Tensor]:
         """Run every row's new tokens in one forward; return each row's logits, [new, vocab].
 
         Every row gains T = max(new tokens) slots; a row's slots beyond its own tokens are holes.
+        logits="last": each row's after its last new token only, [1, vocab] (a row with no new
+        token gets a meaningless row); "none": the cache is filled, no logits computed or returned.
         """
         if len(inputs) != self.rows:
             raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
@@ -167,8 +207,14 @@ class RaggedCache:
         dtype = self.model.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
         # [rows, new, vocab]
-        logits = forward_batch_logits(self.model, input_ids.to(device), self.cache,
-                                      mask[:, None].to(device), position_ids.to(device))
+        last_index = torch.tensor([max(len(item.token_ids) - 1, 0) for item in inputs], device=device)
+        output = forward_batch_logits(self.model, input_ids.to(device), self.cache,
+                                      mask[:, None].to(device), position_ids.to(device), logits,
+                                      last_index)
         self.slots = torch.cat((self.slots, new_slots), dim=1)
         self.last_start = width
-        return [logits[row, :len(item.token_ids)] for row, item in enumerate(inputs)]
+        if logits == "none":
+            return []
+        if logits == "last":
+            return list(output)
+        return [output[row, :len(item.token_ids)] for row, item in enumerate(inputs)]

@@ -123,7 +123,8 @@ class DeviceBatchLoop:
             engine = BatchedSpeculativeEngine(
                 job.target, job.draft, decode=job.target.tokenizer.decode,
                 policy=SpeculationPolicy(enabled=self.policy_enabled),
-                max_rows=self.max_rows, prefill_chunk=self.prefill_chunk or None)
+                max_rows=self.max_rows, prefill_chunk=self.prefill_chunk or None,
+                prefill=None if conf.PREFILL == "auto" else conf.PREFILL)
             self.engines[job.pair] = engine
         return engine
 
@@ -215,18 +216,21 @@ class DeviceBatchLoop:
         timing = engine.last_step_timing
         if timing is None:
             return
-        draft_end = timing.started_ns + int(timing.draft_seconds * 1e9)
+        lane_end = timing.started_ns + int(timing.prefill_seconds * 1e9)  # separate prefill's forwards
+        draft_end = lane_end + int(timing.draft_seconds * 1e9)
         verify_end = draft_end + int(timing.verify_seconds * 1e9)
+        # a prompt chunk ran in the prefill lane (separate mode) or in the verify forward (shared)
+        prefill_span = (timing.started_ns, lane_end) if timing.prefill_seconds else (draft_end, verify_end)
         shared = {"specops.engine.step": timing.step, "specops.batch.rows": timing.rows}
         for event in events:
             job = self.jobs.get(event.request_id)
             if job is None or job.trace is None:
                 continue
             if event.step.drafted:
-                job.trace.child("specops.draft", timing.started_ns, draft_end, **shared,
+                job.trace.child("specops.draft", lane_end, draft_end, **shared,
                                 **{"specops.draft.nodes": event.step.drafted, "specops.drafter": event.drafter})
             if event.prefill_tokens:
-                job.trace.child("specops.prefill", draft_end, verify_end, **shared,
+                job.trace.child("specops.prefill", *prefill_span, **shared,
                                 **{"specops.prefill.tokens": event.prefill_tokens})
             if event.step.token_ids:
                 job.trace.child("specops.verify", draft_end, verify_end, **shared,

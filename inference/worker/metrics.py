@@ -82,7 +82,8 @@ FORWARD_SECONDS = Histogram(
     "specops_forward_seconds", "Wall time of one forward of the batching loop.", ["kind"],
     buckets=FORWARD_BUCKETS,
 )
-FORWARD_KINDS = ("target", "draft")
+# the prefill lane's forwards (separate prefill mode, inference/engine/batch_prefill.py) apart
+FORWARD_KINDS = ("target", "draft", "prefill", "draft_prefill")
 
 # ---------------------------------------------------------------------------- speculation
 
@@ -184,7 +185,8 @@ def inter_token_gaps(step_times: Sequence[float], step_tokens: Sequence[int]) ->
 
 
 def observe_forward(kind: str, rows: int, tokens: int, seconds: float) -> None:
-    """Record one forward of the batching loop: ``kind`` "target" (verify) or "draft" (propose)."""
+    """Record one forward of the batching loop: ``kind`` "target" (verify), "draft" (propose), or
+    the prefill lane's "prefill" (target) and "draft_prefill"."""
     if kind not in FORWARD_KINDS:
         raise ValueError(f"kind: must be one of {', '.join(FORWARD_KINDS)}, got {kind!r}")
     BATCH_ROWS.labels(kind).observe(rows)

@@ -71,11 +71,11 @@ def _engine(arch: str, which_draft: str = "noisy", **options) -> BatchedSpeculat
 @pytest.mark.parametrize("arch", ARCHS)
 @PROPERTY_SETTINGS
 @given(batch=batches(), max_rows=st.integers(1, 5), chunk=st.sampled_from([3, 8, 64]),
-       policy_on=st.booleans())
-def test_greedy_rows_equal_the_targets_own_greedy_output(arch, batch, max_rows, chunk, policy_on):
+       policy_on=st.booleans(), prefill=st.sampled_from(["shared", "separate"]))
+def test_greedy_rows_equal_the_targets_own_greedy_output(arch, batch, max_rows, chunk, policy_on, prefill):
     requests, arrivals = batch
     engine = _engine(arch, max_rows=max_rows, prefill_chunk=chunk,
-                     policy=SpeculationPolicy(enabled=policy_on))
+                     policy=SpeculationPolicy(enabled=policy_on), prefill=prefill)
     results = engine.run(requests, arrivals)
     target = target_model(arch)
     for request in requests:
@@ -83,17 +83,18 @@ def test_greedy_rows_equal_the_targets_own_greedy_output(arch, batch, max_rows, 
         got = results[request.request_id]
         assert got.token_ids == expected.token_ids, (request.request_id, request.drafter)
         assert got.finish_reason == expected.finish_reason
-    assert not engine.has_work() and engine.target_cache.rows == 0
+    assert not engine.has_work() and engine.target_cache.rows == 0 and engine.lane_target_cache.rows == 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @PROPERTY_SETTINGS
-@given(batch=batches(sampled=True), max_rows=st.integers(1, 5), chunk=st.sampled_from([4, 64]))
+@given(batch=batches(sampled=True), max_rows=st.integers(1, 5), chunk=st.sampled_from([4, 64]),
+       prefill=st.sampled_from(["shared", "separate"]))
 def test_a_seeded_sampled_row_gives_the_same_tokens_whatever_its_companions(arch, batch, max_rows,
-                                                                            chunk):
+                                                                            chunk, prefill):
     requests, arrivals = batch
     target, draft = target_model(arch), noisy_copy(arch)
-    results = _engine(arch, max_rows=max_rows, prefill_chunk=chunk).run(requests, arrivals)
+    results = _engine(arch, max_rows=max_rows, prefill_chunk=chunk, prefill=prefill).run(requests, arrivals)
     for request in requests:
         kind = request.drafter if request.drafter != "auto" else "draft_model"
         decoder = SpeculativeDecoder(target, build_drafter(kind, target=target, draft=draft,
@@ -249,7 +250,8 @@ def test_tree_calibration_carries_over_from_request_to_request_but_not_into_seed
 def test_a_newcomer_feeds_small_chunks_beside_decoding_rows_and_its_whole_prompt_alone():
     # every row of a forward is padded to the widest: a long prompt chunk beside decode rows
     # would make all of them that wide, so beside them it feeds `prefill_chunk` tokens a step
-    engine = _engine("llama", max_rows=2, prefill_chunk=4, policy=SpeculationPolicy(max_depth=3))
+    engine = _engine("llama", max_rows=2, prefill_chunk=4, policy=SpeculationPolicy(max_depth=3),
+                     prefill="shared")
     first, second = list(range(2, 32)), list(range(40, 70))
     config = GenerationConfig(max_new_tokens=20)
     engine.submit(BatchRequest("first", first, config, "draft_model"))
@@ -265,3 +267,60 @@ def test_a_newcomer_feeds_small_chunks_beside_decoding_rows_and_its_whole_prompt
     assert widths.count(4) >= 30 // 4 - 1
     for name, prompt in (("first", first), ("second", second)):
         assert tokens[name] == generate_plain(target_model("llama"), prompt, config).token_ids
+
+
+def test_in_the_separate_mode_a_newcomer_prefills_in_its_own_forwards_and_never_widens_the_decoders():
+    engine = _engine("llama", max_rows=3, prefill_chunk=8, policy=SpeculationPolicy(max_depth=3),
+                     prefill="separate")
+    first, second, third = list(range(2, 32)), list(range(40, 70)), [90]
+    config = GenerationConfig(max_new_tokens=20)
+    engine.submit(BatchRequest("first", first, config, "draft_model"))
+    events = engine.step()
+    # alone: the whole prompt in one lane forward (no row decodes), whose last logits give the
+    # first token; the draft cached all but the last prompt token; the row then joined the batch
+    log = [entry[:3] for entry in engine.forward_log]
+    assert log == [("prefill", 1, 30), ("draft_prefill", 1, 29)]
+    assert events[0].prefill_tokens == 30 and len(events[0].step.token_ids) == 1
+    assert engine.rows and not engine.lane_rows
+    tokens = {"first": events[0].step.token_ids, "second": [], "third": []}
+    engine.forward_log.clear()
+    engine.submit(BatchRequest("second", second, config, "draft_model"))
+    engine.submit(BatchRequest("third", third, config, "ngram"))  # one token: nothing to prefill
+    lane_steps = 0
+    while engine.has_work():
+        decoding = {id(row) for row in engine.rows}
+        for event in engine.step():
+            tokens[event.request_id] += event.step.token_ids
+            if event.request_id == "second" and not event.step.token_ids:
+                lane_steps += 1
+        assert all(id(row) not in decoding or not row.prefilling for row in engine.rows)
+    assert lane_steps == 3  # 8, 8, 8 tokens, then the last 6 and its first token
+    # the batch's target forwards carry a pending token and a draft of at most 3, never a chunk
+    verify_widths = [entry[2] for entry in engine.forward_log if entry[0] == "target"]
+    assert verify_widths and max(verify_widths) <= 4
+    assert [entry[2] for entry in engine.forward_log if entry[0] == "prefill"] == [8, 8, 8, 6]
+    for name, prompt in (("first", first), ("second", second), ("third", third)):
+        assert tokens[name] == generate_plain(target_model("llama"), prompt, config).token_ids
+    assert engine.lane_target_cache.rows == engine.lane_draft_cache.rows == 0
+
+
+def test_an_adopted_row_gives_the_logits_it_gives_alone():
+    """adopt_row moves a row's keys and values (holes squeezed out) into a wider or narrower cache."""
+    target = target_model("llama")
+    lane, batch = RaggedCache(target), RaggedCache(target)
+    lane.add_row(), lane.add_row()
+    short, long = [5, 9, 2], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    lane.forward([RowInput(short, [0, 1, 2]), RowInput(long, list(range(10)))], logits=False)
+    batch.add_row()
+    batch.forward([RowInput([40, 41, 42, 43, 44], list(range(5)))])
+    assert batch.adopt_row(lane, 0) == 1  # 3 tokens into a 5-wide cache
+    assert batch.adopt_row(lane, 1) == 2  # 10 tokens: the cache widens
+    assert batch.lengths() == [5, 3, 10] and batch.width == 10
+    logits = batch.forward([RowInput([1], [5]), RowInput([1], [3]), RowInput([1], [10])])
+    for seq, row_logits in zip(([40, 41, 42, 43, 44], short, long), logits):
+        alone = target(torch.tensor([seq + [1]])).logits[0, -1]
+        assert torch.allclose(row_logits[-1], alone, atol=1e-6)
+    empty = RaggedCache(target)  # no keys yet: the first adopted row makes them
+    assert empty.adopt_row(lane, 1) == 0
+    alone = target(torch.tensor([long + [1]])).logits[0, -1]
+    assert torch.allclose(empty.forward([RowInput([1], [10])])[0][-1], alone, atol=1e-6)
