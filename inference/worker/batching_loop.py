@@ -9,6 +9,11 @@ engine per (target, draft) pair; the loop steps each engine that has work in tur
 The loop also enforces what Celery's threads pool cannot: per-session deadlines (finish
 reason "timeout") and cancellation (a session whose row an operator or client set to
 "cancelled" leaves the batch at the next step).
+
+The loop thread computes; its writer thread (write_behind.py) does the I/O a step leaves
+behind, in the order the loop hands it over: the step's stream events, the flushes of token and
+candidate rows, and the end of each session that left the batch (its outcome, its prediction,
+its metrics, then ``job.done``). Cancellation polls and lease renewals stay on the loop thread.
 """
 from __future__ import annotations
 
@@ -17,21 +22,21 @@ import queue
 import threading
 import time
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.db import close_old_connections
 from django.utils import timezone
 
 from inference.conf import conf
-from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest, RowEvent
+from inference.engine.batch import BatchedSpeculativeEngine, RowEvent
 from inference.engine.policy import SpeculationPolicy
 from inference.worker import metrics
-from inference.worker.recording import BatchRecorder, SessionRecorder, finish_session
+from inference.worker.recording import BatchRecorder, PendingFlush
+from inference.worker.session_job import SessionEnd, SessionJob, session_end, write_end
+from inference.worker.write_behind import MAX_ITEMS, WriteBehind
 from metadata.models import Session, SessionStatus
 from metadata.sessions import token_stream
 from specops import tracing
-from specops.ops import latency_budget
 
 logger = logging.getLogger(__name__)
 
@@ -39,44 +44,19 @@ CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the runn
 IDLE_WAIT_S = 0.5
 
 
-@dataclass
-class SessionJob:
-    """A session handed to the loop, and how its task thread learns that it ended."""
-
-    session: Session
-    request: BatchRequest
-    target: object  # LoadedModel
-    draft: object | None
-    model_name: str
-    recorder: SessionRecorder
-    done: threading.Event = field(default_factory=threading.Event)
-    status: str = ""
-    trace: tracing.SessionTrace | None = None  # its spans, while tracing is on (specops.tracing)
-
-    @property
-    def pair(self) -> tuple[int, int | None]:
-        return (self.session.target_id, self.session.draft_id)
-
-
-def status_of(finish_reason: str) -> str:
-    if finish_reason == "cancelled":
-        return SessionStatus.CANCELLED
-    if finish_reason in ("error", "timeout"):
-        return SessionStatus.FAILED
-    return SessionStatus.SUCCEEDED
-
-
 class DeviceBatchLoop:
     """Holds the engines of one device and the sessions they run."""
 
-    def __init__(self, max_rows: int, prefill_chunk: int, policy_enabled: bool) -> None:
+    def __init__(self, max_rows: int, prefill_chunk: int, policy_enabled: bool,
+                 write_queue: int = MAX_ITEMS) -> None:
         self.max_rows = max_rows
         self.prefill_chunk = prefill_chunk
         self.policy_enabled = policy_enabled
         self.inbox: queue.Queue[SessionJob] = queue.Queue()
         self.engines: dict[tuple[int, int | None], BatchedSpeculativeEngine] = {}
-        self.jobs: dict[Hashable, SessionJob] = {}
-        self.recorder: BatchRecorder | None = None
+        self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
+        self.recorder = BatchRecorder()
+        self.writes = WriteBehind(write_queue)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
@@ -97,24 +77,27 @@ class DeviceBatchLoop:
     # -- the loop thread ----------------------------------------------------------------
 
     def _run(self) -> None:
-        self.recorder = BatchRecorder()
         while True:
             try:
-                self._admit(block=not self.jobs)
-                if not self.jobs:
-                    continue
-                with tracing.untraced():  # housekeeping of every session: in no session's trace
-                    self._poll_cancellations()
-                    self._renew_leases()
-                for pair, engine in list(self.engines.items()):
-                    if engine.has_work():
-                        self._step(pair, engine)
-                if self.recorder.due():
-                    self._flush()
+                self._run_once()
             except Exception:  # the loop must outlive any one failure; the job paths report it
                 logger.exception("batching loop iteration failed")
                 close_old_connections()
                 time.sleep(0.1)
+
+    def _run_once(self) -> None:
+        """Admit the newcomers, then one step of every engine with work; flush when due."""
+        self._admit(block=not self.jobs)
+        if not self.jobs:
+            return
+        with tracing.untraced():  # housekeeping of every session: in no session's trace
+            self._poll_cancellations()
+            self._renew_leases()
+        for pair, engine in list(self.engines.items()):
+            if engine.has_work():
+                self._step(pair, engine)
+        if self.recorder.due():
+            self._flush()
 
     def _engine(self, job: SessionJob) -> BatchedSpeculativeEngine:
         engine = self.engines.get(job.pair)
@@ -140,7 +123,7 @@ class DeviceBatchLoop:
                 self.jobs[job.request.request_id] = job
                 job.recorder.admitted_at = time.time()  # joins the batch at the next step boundary
             except Exception as error:  # settings the engine refuses end this session only
-                self._end(job, "error", f"{type(error).__name__}: {error}", None)
+                self._end([(job, "error", f"{type(error).__name__}: {error}", None)])
             try:
                 job = self.inbox.get_nowait()
             except queue.Empty:
@@ -173,8 +156,8 @@ class DeviceBatchLoop:
         except Exception as error:  # a failed forward fails every session of this engine
             logger.exception("batch step failed; failing its %d sessions", engine.active)
             self.engines.pop(pair, None)
-            for job in [j for j in self.jobs.values() if j.pair == pair]:
-                self._end(job, "error", f"{type(error).__name__}: {error}", None)
+            self._end([(job, "error", f"{type(error).__name__}: {error}", None)
+                       for job in self.jobs.values() if job.pair == pair])
             return
         for kind, rows, tokens, seconds in engine.forward_log:
             metrics.observe_forward(kind, rows, tokens, seconds)
@@ -187,8 +170,9 @@ class DeviceBatchLoop:
         self._record(events)
 
     def _record(self, events: list[RowEvent]) -> None:
-        """Queue the step's rows, stream every row's step in one round trip, then end the rows
-        that finished (a session's ``done`` follows its last ``tokens`` event)."""
+        """Queue the step's rows, hand the writer every row's stream event (one round trip), then
+        end the rows that finished (the writer publishes a session's ``done`` after its last
+        ``tokens`` event)."""
         stream_events, traces, finished = [], [], []
         for event in events:
             job = self.jobs.get(event.request_id)
@@ -204,12 +188,10 @@ class DeviceBatchLoop:
                 traces.append(job.trace)
             if event.finished:
                 finished.append((job, event))
-        # One session's publish hangs under its trace; a shared one under none.
-        with tracing.activated(traces[0]) if len(traces) == 1 else tracing.untraced():
-            token_stream.publish_many(stream_events)
-        for job, event in finished:
-            with tracing.activated(job.trace):
-                self._end(job, event.step.finish_reason, event.error, event)
+        if stream_events:
+            self.writes.put(publish_step, stream_events, traces)
+        if finished:
+            self._end([(job, event.step.finish_reason, event.error, event) for job, event in finished])
 
     def _trace_step(self, engine: BatchedSpeculativeEngine, events: list[RowEvent]) -> None:
         """Each session's copy of the step's spans, with the engine's measured times (specops.tracing)."""
@@ -237,77 +219,44 @@ class DeviceBatchLoop:
                                 **{"specops.accepted": event.step.accepted,
                                    "specops.tokens": len(event.step.token_ids)})
 
-    def _flush(self) -> None:
+    def _flush(self, ends: list[SessionEnd] | None = None) -> None:
+        """Hand the writer the pending rows and progress, and the ends that must follow them."""
         jobs = self.jobs.values()
-        with tracing.batch_write([job.trace for job in jobs if job.recorder.dirty], len(self.recorder.writer)):
-            self.recorder.flush([job.recorder for job in jobs])
+        traces = [job.trace for job in jobs if job.recorder.dirty]
+        self.writes.put(self._write, self.recorder.take([job.recorder for job in jobs]), traces, ends or [])
 
-    def _end(self, job: SessionJob, finish_reason: str, error: str, event: RowEvent | None) -> None:
-        """Commit the session's rows, write its outcome, record metrics, wake its task thread."""
-        status = status_of(finish_reason)
-        recorder = job.recorder
-        stats = None
-        try:
-            self._flush()
-            if event is not None:
-                stats = event.stats.to_dict()
-                created = job.session.created_at.timestamp()
-                gaps = metrics.inter_token_gaps(recorder.step_times, recorder.step_tokens)
-                stats.update(
-                    ttft_seconds=recorder.step_times[0] - created if recorder.step_times else None,
-                    queue_seconds=recorder.admitted_at - created if recorder.admitted_at else None,
-                    itl_seconds=sum(gaps) / len(gaps) if gaps else None)
-                stats.update(drafter=event.drafter, batch_rows_max=recorder.batch_rows_max,
-                             depth_choices={str(k): v for k, v in sorted(event.depth_choices.items())})
-                if finish_reason == "timeout":
-                    error = error or f"generation exceeded {conf.GENERATION_TIMEOUT_S:g} s"
-            decode = job.target.tokenizer.decode
-            text = decode(recorder.token_ids)
-            finish_session(job.session, status, error=error, finish_reason=finish_reason,
-                           token_ids=recorder.token_ids, text=text, stats=stats,
-                           next_step=recorder.step)
-            if status == SessionStatus.SUCCEEDED:
-                from inference import prediction_cache
-
-                prediction_cache.remember_result(job.session, text=text,
-                                                 token_count=len(recorder.token_ids),
-                                                 finish_reason=finish_reason, stats=stats or {})
-        except Exception as failure:
-            logger.exception("recording the end of session %s failed", job.session.pk)
-            status = SessionStatus.FAILED
-            try:  # still end it (its committed rows stay), so no client waits for a done event
-                finish_session(job.session, status, finish_reason=finish_reason,
-                               error=f"recording the outcome failed: {type(failure).__name__}: {failure}",
-                               next_step=recorder.step)
-            except Exception:
-                logger.exception("session %s could not be marked failed", job.session.pk)
-        finally:
-            self._observe(job, status, event)
+    def _end(self, endings: list[tuple[SessionJob, str, str, RowEvent | None]]) -> None:
+        """End sessions: their outcomes go to the writer with a flush of every row pending (their
+        own included), and they leave the loop (no more steps, lease renewals or cancel polls)."""
+        if not endings:
+            return
+        self._flush([session_end(*ending) for ending in endings])
+        for job, *_ in endings:
             self.jobs.pop(job.request.request_id, None)
-            if job.trace is not None:
-                job.trace.end(status)
-            job.status = status
-            job.done.set()
 
-    def _observe(self, job: SessionJob, status: str, event: RowEvent | None) -> None:
-        recorder = job.recorder
-        drafter = event.drafter if event is not None and event.drafter else job.request.drafter
-        # from the session's creation: what the client waits, the broker's queue included
-        now = time.time()
-        created = job.session.created_at.timestamp()
-        ttft = recorder.step_times[0] - created if recorder.step_times else None
-        queue_seconds = (recorder.admitted_at - created) if recorder.admitted_at else None
-        metrics.observe_request(
-            job.model_name, drafter, status, queue_seconds=queue_seconds, ttft_seconds=ttft,
-            inter_token_seconds=metrics.inter_token_gaps(recorder.step_times, recorder.step_tokens),
-            e2e_seconds=now - created, new_tokens=len(recorder.token_ids))
-        if recorder.step_times and recorder.admitted_at:  # the latency budget's "inference"
-            latency_budget.observe("inference", max(0.0, recorder.step_times[0] - recorder.admitted_at))
-        if event is not None:
-            stats = event.stats
-            drafts = stats.drafted_per_position[0] if stats.drafted_per_position else 0
-            metrics.observe_speculation(drafter, stats.drafted_per_position,
-                                        stats.accepted_per_position, drafts)
+    # -- the writer thread --------------------------------------------------------------
+
+    def _write(self, pending: PendingFlush, traces: list[tracing.SessionTrace | None],
+               ends: list[SessionEnd]) -> None:
+        """Commit one flush, then write the ends that waited for it (a failed flush fails them)."""
+        failure = ""
+        try:
+            with tracing.batch_write(traces, len(pending)):
+                self.recorder.write(pending)
+        except Exception as error:
+            logger.exception("a batch flush of %d rows failed", len(pending))
+            close_old_connections()
+            failure = f"{type(error).__name__}: {error}"
+        for end in ends:
+            with tracing.activated(end.job.trace):
+                write_end(end, failure)
+
+
+def publish_step(events: list[token_stream.StreamEvent], traces: list[tracing.SessionTrace | None]) -> None:
+    """Writer thread: a step's stream events, every row's, in one round trip."""
+    # One session's publish hangs under its trace; a shared one under none.
+    with tracing.activated(traces[0]) if len(traces) == 1 else tracing.untraced():
+        token_stream.publish_many(events)
 
 
 _loop: DeviceBatchLoop | None = None

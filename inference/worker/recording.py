@@ -1,16 +1,18 @@
 """What a batch step leaves behind: stream events at once, token and candidate rows in batches.
 
-Every row's step goes to its session's Redis Stream immediately (the client sees tokens as they
-are verified): the loop publishes the events of all rows of a step in one round trip. Token and
-candidate rows of every session in the batch go to one shared `BatchWriter`, flushed when 100
-rows of a kind are pending or `SPECOPS_TOKEN_FLUSH_MS` has passed: one transaction per flush,
-never a write per row per step. The progress (token_count, text) of the sessions due one rides
-in the same transaction, one bulk UPDATE at most every `SPECOPS_PROGRESS_MS`.
+Every row's step goes to its session's Redis Stream at once (the client sees tokens as they are
+verified): the loop hands the events of all rows of a step to its writer thread, which publishes
+them in one round trip. Token and candidate rows of every session in the batch go to one shared
+`BatchWriter`, flushed when 100 rows of a kind are pending or `SPECOPS_TOKEN_FLUSH_MS` has
+passed: one transaction per flush, never a write per row per step. The progress (token_count,
+text) of the sessions due one rides in the same transaction, one bulk UPDATE at most every
+`SPECOPS_PROGRESS_MS`. The loop thread builds the rows, events and progress rows and `take`s a
+flush; the writer thread (write_behind.py) `write`s it and ends the sessions (`finish_session`).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from django.db import transaction
@@ -92,7 +94,7 @@ class SessionRecorder:
         return stream_event
 
     def progress_row(self, now) -> Session:
-        """The session's progress fields as a row for one bulk UPDATE (see BatchRecorder.flush)."""
+        """The session's progress fields as a row for one bulk UPDATE (see BatchRecorder.write)."""
         self.dirty = False
         self.progress_saved_at = time.monotonic()
         return Session(pk=self.session.pk, token_count=len(self.token_ids),
@@ -101,14 +103,37 @@ class SessionRecorder:
     def progress_due(self, every_s: float) -> bool:
         return self.dirty and time.monotonic() - self.progress_saved_at >= every_s
 
+    def snapshot(self) -> SessionRecorder:
+        """A copy that shares no list with this one (a session's end, for the writer thread)."""
+        return replace(self, token_ids=list(self.token_ids), step_times=list(self.step_times),
+                       step_tokens=list(self.step_tokens))
+
+
+@dataclass(frozen=True)
+class PendingFlush:
+    """One flush as the loop thread hands it to the writer thread: rows it no longer holds, and
+    the progress rows of the sessions due one."""
+
+    rows: dict[type, list]
+    progress: tuple[Session, ...] = ()
+
+    def __len__(self) -> int:
+        return sum(len(rows) for rows in self.rows.values())
+
 
 class BatchRecorder:
-    """The writer shared by every session of one batching loop, and its flush schedule."""
+    """The rows of every session of one batching loop: their flush schedule and their writes.
+
+    Each thread has its own half: the loop thread adds rows to ``writer`` and `take`s them when a
+    flush is due; the writer thread `write`s what was taken through a BatchWriter of its own,
+    which keeps the rows of a flush that failed for the next one.
+    """
 
     PROGRESS_FIELDS = ("token_count", "text", "updated_at", "last_activity_at")
 
     def __init__(self) -> None:
-        self.writer = BatchWriter((TokenRecord, Candidate))
+        self.writer = BatchWriter((TokenRecord, Candidate))  # the loop thread's
+        self._unwritten = BatchWriter((TokenRecord, Candidate))  # the writer thread's
         self.flush_every_s = conf.TOKEN_FLUSH_MS / 1000
         self.progress_every_s = max(conf.PROGRESS_MS, conf.TOKEN_FLUSH_MS) / 1000
         self._last_flush = time.monotonic()
@@ -117,8 +142,17 @@ class BatchRecorder:
         return self.writer.full or (len(self.writer) and
                                     time.monotonic() - self._last_flush >= self.flush_every_s)
 
-    def flush(self, recorders: list[SessionRecorder]) -> None:
-        """Write pending rows and the progress of the sessions due one, in one transaction.
+    def take(self, recorders: list[SessionRecorder]) -> PendingFlush:
+        """Loop thread: the pending rows and the progress of the sessions due one, for `write`."""
+        now = timezone.now()
+        progress = tuple(recorder.progress_row(now) for recorder in recorders
+                         if recorder.progress_due(self.progress_every_s))
+        self._last_flush = time.monotonic()
+        return PendingFlush(self.writer.take(), progress)
+
+    def write(self, pending: PendingFlush) -> None:
+        """Writer thread: write the flush's rows (after any a failed one left) and its progress,
+        in one transaction.
 
         Progress (token_count, text) of a running session is written at most every
         SPECOPS_PROGRESS_MS, in one UPDATE for all of them; their cache invalidations share the
@@ -127,16 +161,20 @@ class BatchRecorder:
         rows, against 16 % in the engine's step. The token rows, which streams and resumption
         read, are written at every flush as before.
         """
-        now = timezone.now()
-        due = [recorder for recorder in recorders if recorder.progress_due(self.progress_every_s)]
-        with transaction.atomic():
-            self.writer.flush()
-            if due:
-                Session.objects.bulk_update([recorder.progress_row(now) for recorder in due],
-                                            self.PROGRESS_FIELDS)
-                for recorder in due:
-                    invalidate_session(recorder.session.pk)
-        self._last_flush = time.monotonic()
+        self._unwritten.extend(pending.rows)
+        if not len(self._unwritten) and not pending.progress:
+            return
+        rows = {model: list(batch) for model, batch in self._unwritten.pending.items()}
+        try:
+            with transaction.atomic():
+                self._unwritten.flush()
+                if pending.progress:
+                    Session.objects.bulk_update(list(pending.progress), self.PROGRESS_FIELDS)
+                    for row in pending.progress:
+                        invalidate_session(row.pk)
+        except Exception:
+            self._unwritten.pending = rows  # rolled back: all of them go again with the next flush
+            raise
 
 
 def finish_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",

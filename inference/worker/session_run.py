@@ -24,9 +24,10 @@ from inference.conf import conf
 from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
 from inference.engine.batch import BatchRequest
 from inference.worker import metrics, suffix_feed
-from inference.worker.batching_loop import SessionJob, device_loop
+from inference.worker.batching_loop import device_loop
 from inference.worker.recording import TERMINAL, SessionRecorder, finish_session
 from inference.worker.residency import residency
+from inference.worker.session_job import SessionJob
 from metadata.models import Session, SessionStatus, TokenRecord
 from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session

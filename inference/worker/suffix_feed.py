@@ -29,7 +29,7 @@ from inference.engine.drafters.suffix import PROMPT_TAIL, SuffixCorpora, finishe
 from metadata.models import Session, SessionStatus, TokenRecord
 
 if TYPE_CHECKING:
-    from inference.worker.batching_loop import SessionJob
+    from inference.worker.session_job import SessionJob
 
 logger = logging.getLogger(__name__)
 

@@ -63,7 +63,9 @@ class BatchWriter:
 
     One transaction per flush; inside it, one multi-row ``INSERT ... ON CONFLICT DO NOTHING`` per
     ``batch_size`` rows of each model. The batching worker adds each step's rows of all its
-    sessions and flushes when a model has ``batch_size`` rows pending, or on its own schedule.
+    sessions and, when a model has ``batch_size`` rows pending or on its own schedule, hands them
+    (``take``) to its writer thread, whose own BatchWriter flushes them; a flush that fails keeps
+    its rows for the next one.
     """
 
     def __init__(self, models_: Iterable[type[models.Model]], batch_size: int | None = None,
@@ -76,6 +78,17 @@ class BatchWriter:
 
     def add(self, row: models.Model) -> None:
         self.pending[type(row)].append(row)
+
+    def take(self) -> dict[type[models.Model], list[models.Model]]:
+        """Hand over every pending row (to be written by another writer); this one starts empty."""
+        taken = self.pending
+        self.pending = {model: [] for model in taken}
+        return taken
+
+    def extend(self, rows: dict[type[models.Model], list[models.Model]]) -> None:
+        """Add rows another writer ``take``-s, after the ones pending here."""
+        for model, batch in rows.items():
+            self.pending[model].extend(batch)
 
     @property
     def full(self) -> bool:
