@@ -108,6 +108,7 @@ class PrefillLane:
                 events.append(self._event(row, StepOutput([], 0, 0, [], None), prefill_tokens=row.fed_prompt))
                 continue
             tree = DraftTree.empty()
+            row.depth_choices[0] = row.depth_choices.get(0, 0) + 1  # a step of its own, undrafted
             try:
                 result = self._verdict(row, tree, logits[index])
             except Exception as error:  # a row's own failure ends that row, not the batch
