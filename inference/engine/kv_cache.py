@@ -11,10 +11,11 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.kv_slab import SlabLayer
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
-    """An empty cache for `model`, refusing layer kinds whose past cannot be rolled back."""
+    """An empty cache for `model` (`SlabLayer`s), refusing layer kinds whose past cannot be rolled back."""
     cache = DynamicCache(config=model.config)
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
@@ -22,6 +23,8 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
                 f"{type(model).__name__} uses {type(layer).__name__} KV cache layers; the engine "
                 "rolls back only full-attention DynamicLayer caches"
             )
+    # the same layers, appended in place instead of concatenated (kv_slab.py)
+    cache.layers = [SlabLayer() for _ in cache.layers]
     return cache
 
 

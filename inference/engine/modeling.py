@@ -6,12 +6,15 @@ explicit position ids are passed only for trees, chains use the model's own caus
 For the Llama and Qwen2 families (full attention, SDPA) the forward runs the model's own
 modules (embeddings, rotary embedding, decoder layers, norm, LM head) without the top-level
 wrappers: their output capturing, mask construction and output objects cost ~0.4 ms a call on
-a CPU, a third of a one-layer draft's forward. Tests check the logits are identical to the
-wrapped forward; every other model takes the wrapped path.
+a CPU, a third of a one-layer draft's forward. Each decoder layer runs its own submodules
+(`_lean_layer`) with SDPA's grouped-query attention on the cache's in-place keys (kv_slab.py),
+not transformers' copy of the whole cache per layer (`repeat_kv`). Tests check the logits are
+those of transformers' own layers bit for bit; every other model takes the wrapped path.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -93,10 +96,47 @@ def _lean_hidden(
                                     dtype=hidden.dtype, device=input_ids.device)
         attention_mask = attention_mask.triu_(past + 1)[None, None]
     position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
-    for layer in inner.layers[: model.config.num_hidden_layers]:
-        hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
-                       position_ids=position_ids, cache=cache, use_cache=True)
+    for layer, cache_layer in zip(inner.layers[: model.config.num_hidden_layers], cache.layers):
+        if getattr(layer, "_compiled_call_impl", None) is not None:  # torch.compile'd (variants.py)
+            hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
+                           position_ids=position_ids, cache=cache, use_cache=True)
+        else:
+            hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer)
     return inner.norm(hidden)
+
+
+def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor], cache_layer) -> torch.Tensor:
+    """One Llama/Qwen2 decoder layer, the same ops as its `forward` but attention with `enable_gqa`.
+
+    transformers' SDPA path expands the cached keys and values to every query head (`repeat_kv`,
+    a copy of the layer's whole cache) whenever a mask is given and more than one token is new:
+    every verify of the batched engine. SDPA's own grouped-query attention gives the same values
+    bit for bit without the copy (tests/engine/test_modeling.py).
+    """
+    attention = layer.self_attn
+    residual = hidden
+    hidden = layer.input_layernorm(hidden)
+    input_shape = hidden.shape[:-1]
+    head_shape = (*input_shape, -1, attention.head_dim)
+    query = attention.q_proj(hidden).view(head_shape).transpose(1, 2)
+    key = attention.k_proj(hidden).view(head_shape).transpose(1, 2)
+    value = attention.v_proj(hidden).view(head_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query, key = _rotary_function(attention)(query, key, cos, sin)
+    key, value = cache_layer.update(key, value)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=attention.scaling,
+        enable_gqa=attention.num_key_value_groups > 1)
+    output = output.transpose(1, 2).contiguous().reshape(*input_shape, -1).contiguous()
+    hidden = residual + attention.o_proj(output)
+    residual = hidden
+    return residual + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def _rotary_function(attention: torch.nn.Module):
+    """The `apply_rotary_pos_emb` of the attention module's own modeling file."""
+    return sys.modules[type(attention).__module__].apply_rotary_pos_emb
 
 
 def _lean_logits(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import DynamicLayer
 
 from inference.engine import GenerationConfig
 from inference.engine.draft_tree import (
@@ -14,9 +17,10 @@ from inference.engine.draft_tree import (
 )
 from inference.engine.kv_cache import new_cache
 from inference.engine.modeling import _lean_logits, supports_lean_forward
+from inference.engine.ragged_cache import RaggedCache, RowInput
 from inference.engine.target_only import generate_plain
 
-from .conftest import ARCHS, target_model
+from .conftest import ARCHS, VOCAB_SIZE, target_model
 
 CONTEXT = [4, 8, 15, 16, 23, 42, 7]
 TREE = DraftTree([5, 6, 7, 8], [-1, -1, 0, 1], [0.0] * 4)
@@ -70,3 +74,64 @@ def test_plain_loop_equals_hf_generate_greedy(arch):
                                     max_new_tokens=24, min_new_tokens=24, do_sample=False,
                                     eos_token_id=None, pad_token_id=0)
         assert ours == theirs[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lean_attention_equals_transformers_grouped_query_sdpa_bit_for_bit(arch, monkeypatch):
+    """Ragged batches (a mask, 1 or several new tokens a row) in float32, where SDPA's fused CPU
+    kernel runs: the lean layer (SDPA's `enable_gqa`, keys appended in place) gives the logits of
+    transformers' own layers forced to the same grouped-query SDPA, exactly; with several new
+    tokens transformers' default path (`repeat_kv`) gives them too."""
+    model = target_model(arch, torch.float32)
+    generator = torch.Generator().manual_seed(5)
+    lean_cache = RaggedCache(model)
+    for _ in range(4):
+        lean_cache.add_row()
+    with torch.inference_mode():
+        for step, widths in enumerate([(7, 3, 0, 5), (1, 1, 1, 0), (4, 2, 4, 1), (1, 0, 1, 1)]):
+            inputs = []
+            for row, count in enumerate(widths):
+                start = len(lean_cache.row_slots(row))
+                tokens = torch.randint(2, VOCAB_SIZE, (count,), generator=generator).tolist()
+                inputs.append(RowInput(tokens, list(range(start, start + count))))
+            wrapped_cache = copy.deepcopy(lean_cache.cache)
+            wrapped_cache.layers = [_as_dynamic_layer(layer) for layer in wrapped_cache.layers]
+            expected = _wrapped_ragged_forward(model, lean_cache, wrapped_cache, inputs, monkeypatch,
+                                               force_gqa=max(widths) == 1)
+            lean = lean_cache.forward(inputs)
+            for row, count in enumerate(widths):
+                assert torch.equal(lean[row], expected[row, :count]), (step, row)
+            lean_cache.truncate_row(0, len(lean_cache.row_slots(0)) - 1)  # a rejected draft: a hole
+
+
+def _as_dynamic_layer(layer):
+    plain = DynamicLayer()
+    if layer.is_initialized:
+        plain.lazy_initialization(layer.keys, layer.values)
+        plain.keys, plain.values = layer.keys.clone(), layer.values.clone()
+    return plain
+
+
+def _wrapped_ragged_forward(model, ragged, cache, inputs, monkeypatch, force_gqa):
+    """transformers' wrapped forward of the same padded inputs and mask RaggedCache.forward builds."""
+    captured = {}
+
+    def capture(model_, input_ids, cache_, attention_mask, position_ids, logits, last_index):
+        captured.update(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        raise _Captured
+
+    monkeypatch.setattr("inference.engine.ragged_cache.forward_batch_logits", capture)
+    probe = copy.deepcopy(ragged)
+    with pytest.raises(_Captured):
+        probe.forward(inputs)
+    monkeypatch.undo()
+    if force_gqa:
+        monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    output = model(input_ids=captured["input_ids"], cache=cache, attention_mask=captured["attention_mask"],
+                   position_ids=captured["position_ids"], use_cache=True)
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
+    return output.logits
+
+
+class _Captured(Exception):
+    pass
