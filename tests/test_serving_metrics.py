@@ -19,6 +19,7 @@ from inference.worker.metrics import (
     observe_policy_decision,
     observe_request,
     observe_speculation,
+    observe_writer_backlog,
 )
 
 
@@ -172,6 +173,14 @@ def test_observe_policy_decision_counts_depths_and_sets_the_running_rows():
     assert sample("specops_spec_decode_policy_depth_total", depth="0") - before["0"] == 2
     assert sample("specops_spec_decode_policy_depth_total", depth=str(MAX_POSITION)) - before[str(MAX_POSITION)] == 1
     assert sample("specops_batch_running_rows") == 5
+
+
+def test_observe_writer_backlog_sets_the_waiting_items_and_the_bound():
+    observe_writer_backlog(waiting=3, capacity=256)
+    assert sample("specops_batch_writer_waiting_items") == 3
+    assert sample("specops_batch_writer_capacity_items") == 256
+    observe_writer_backlog(waiting=0, capacity=256)
+    assert sample("specops_batch_writer_waiting_items") == 0
 
 
 def test_the_running_rows_gauge_declares_a_multiprocess_mode():

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import psycopg
 import pytest
 from django.db import connection, connections
+from prometheus_client import REGISTRY
 
 from inference.engine.batch import BatchRequest, RowEvent
 from inference.engine.config import GenerationConfig
@@ -42,6 +43,7 @@ def test_items_run_in_the_order_put_and_one_that_raises_stops_nothing():
     def fail():
         raise RuntimeError("PostgreSQL went away")
 
+    failures_before = REGISTRY.get_sample_value("specops_batch_writer_failures_total") or 0.0
     try:
         for number in range(20):
             writes.put(ran.append, number)
@@ -50,6 +52,7 @@ def test_items_run_in_the_order_put_and_one_that_raises_stops_nothing():
         writes.join()
         assert ran == list(range(20))
         assert writes.failures == 1
+        assert REGISTRY.get_sample_value("specops_batch_writer_failures_total") - failures_before == 1
     finally:
         writes.close()
 
@@ -354,6 +357,9 @@ def test_a_writer_held_up_by_postgresql_stops_the_loop_at_the_queue_bound(settin
             assert loop.writes.waiting <= bound
         assert engine.taken == taken < steps, "the loop must wait for the writer"
         assert loop_thread.is_alive()
+        # the backlog metric saw the queue fill (set after each step the loop could hand over)
+        assert bound - 2 <= REGISTRY.get_sample_value("specops_batch_writer_waiting_items") <= bound
+        assert REGISTRY.get_sample_value("specops_batch_writer_capacity_items") == bound
 
     loop_thread.join(60)
     assert not loop_thread.is_alive() and not loop_thread.failures, loop_thread.failures

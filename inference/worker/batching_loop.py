@@ -88,6 +88,8 @@ class DeviceBatchLoop:
     def _run_once(self) -> None:
         """Admit the newcomers, then one step of every engine with work; flush when due."""
         self._admit(block=not self.jobs)
+        # each iteration (idle ones too, so the gauge drains with the writer)
+        metrics.observe_writer_backlog(self.writes.waiting, self.writes.max_items)
         if not self.jobs:
             return
         with tracing.untraced():  # housekeeping of every session: in no session's trace

@@ -116,6 +116,22 @@ BATCH_RUNNING_ROWS = Gauge(
     multiprocess_mode="livesum",
 )
 
+# The writer thread of each batching loop (write_behind.py): a backlog near its bound means
+# PostgreSQL or Redis are holding the loop up (it blocks at the bound).
+BATCH_WRITER_WAITING = Gauge(
+    "specops_batch_writer_waiting_items",
+    "Writes handed to a batching loop's writer thread and not yet started (the most of the host's device processes).",
+    multiprocess_mode="livemax",
+)
+BATCH_WRITER_CAPACITY = Gauge(
+    "specops_batch_writer_capacity_items",
+    "Writes a batching loop's writer queue holds before the loop blocks (per device process).",
+    multiprocess_mode="livemax",
+)
+BATCH_WRITER_FAILURES = Counter(
+    "specops_batch_writer_failures_total", "Writes of a batching loop's writer thread that raised.",
+)
+
 # ---------------------------------------------------------------------------- before the batching loop
 # One generation at a time (the sequential worker); kept so its callers and dashboards keep working.
 
@@ -231,6 +247,12 @@ def observe_policy_decision(depth: int, rows: int) -> None:
     """Record one step's policy decision: how far it drafted and how many rows ran."""
     POLICY_DEPTH.labels(str(max(0, min(depth, MAX_POSITION)))).inc()
     BATCH_RUNNING_ROWS.set(rows)
+
+
+def observe_writer_backlog(waiting: int, capacity: int) -> None:
+    """Record how many writes wait for a loop's writer thread, and the bound at which the loop blocks."""
+    BATCH_WRITER_WAITING.set(waiting)
+    BATCH_WRITER_CAPACITY.set(capacity)
 
 
 def observe_generation(drafter: str, status: str, seconds: float, stats: dict | None) -> None:

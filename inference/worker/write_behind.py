@@ -28,6 +28,8 @@ from collections.abc import Callable
 
 from django.db import close_old_connections, connections
 
+from inference.worker import metrics
+
 logger = logging.getLogger(__name__)
 
 MAX_ITEMS = 256  # a step puts one or two; a flush carries at most a few hundred rows
@@ -92,6 +94,7 @@ class WriteBehind:
                 write(*args)
             except Exception:  # the writer must outlive any one write
                 self.failures += 1
+                metrics.BATCH_WRITER_FAILURES.inc()
                 logger.exception("a batch write failed")
                 close_old_connections()
             finally:
