@@ -160,8 +160,8 @@ def forward_batch_logits(
     # [rows, new_tokens]
     input_ids: torch.Tensor,
     cache: DynamicCache,
-    # [rows, 1, new_tokens, cached + new_tokens] additive mask (0 = may attend)
-    attention_mask: torch.Tensor,
+    # [rows, 1, new_tokens, cached + new_tokens] additive mask (0 = may attend); None: plain causal
+    attention_mask: torch.Tensor | None,
     # [rows, new_tokens] each row's own positions
     position_ids: torch.Tensor,
     logits: str = "all",

@@ -20,10 +20,12 @@ chance that position j is accepted given that positions 1..j-1 were.
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
+import numpy
+from scipy.optimize import nnls
 
 # Priors, worth a few steps each: a drafter starts out assumed useful, so it gets measured.
 # Greedy and sampled rows are tracked apart: the recursive rejection over a tree's siblings
@@ -57,6 +59,8 @@ class ForwardCostModel:
         # a shape the fit has not seen), otherwise every 16 observations
         self._fit_rows: set[int] = set()
         self._fit_tokens: set[int] = set()
+        # median seconds per (rows, tokens) shape in the window, as of the last fit
+        self._measured: dict[tuple[int, int], float] = {}
         self._dirty = 0
 
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
@@ -69,6 +73,10 @@ class ForwardCostModel:
 
     def _fit(self) -> None:
         self._dirty = 0
+        measured: dict[tuple[int, int], list[float]] = {}
+        for rows, tokens, seconds in self._observations:
+            measured.setdefault((rows, tokens), []).append(seconds)
+        self._measured = {shape: statistics.median(values) for shape, values in measured.items()}
         rows_seen = self._fit_rows = {rows for rows, _, _ in self._observations}
         tokens_seen = self._fit_tokens = {tokens for _, tokens, _ in self._observations}
         # a term is fitted only once what it depends on has varied: with one row count the `1`
@@ -83,13 +91,16 @@ class ForwardCostModel:
             self._coefficients = None
             return
         # [observations, columns]
-        features = torch.tensor([[column(rows, tokens) for column in columns]
-                                 for rows, tokens, _ in self._observations], dtype=torch.float64)
-        # [observations, 1]
-        seconds = torch.tensor([[s] for _, _, s in self._observations], dtype=torch.float64)
-        # gelsd (SVD) stays meaningful if the columns are still nearly dependent
-        solution = torch.linalg.lstsq(features, seconds, driver="gelsd").solution[:, 0]
-        fitted = iter(solution.clamp_min(0.0).tolist())
+        features = numpy.array([[column(rows, tokens) for column in columns]
+                                for rows, tokens, _ in self._observations], dtype=numpy.float64)
+        # [observations]
+        seconds = [s for _, _, s in self._observations]
+        # non-negative least squares: clamping an unconstrained fit's negative overhead to zero
+        # left the per-row term fitted with it (draft forwards of 5 and 8 rows, one a cold 22 ms
+        # outlier, gave 105 ms per row: a lone row's draft looked 40x what it costs, so a policy
+        # at one row never drafted, never measured a draft again and stayed there)
+        solution, _ = nnls(features, numpy.array(seconds))
+        fitted = iter(solution.tolist())
         a = next(fitted)
         b = next(fitted) if len(rows_seen) >= 2 else 0.0
         c = next(fitted) if len(tokens_seen) >= 2 else 0.0
@@ -106,7 +117,11 @@ class ForwardCostModel:
             return 0.0
         if self._coefficients is not None:
             a, b, c = self._coefficients
-            return a + b * rows + c * rows * tokens
+            # a forward costs no more than one measured with at least as many rows and tokens
+            # (the fit extrapolates; the measurement bounds it)
+            bound = min((seconds for (seen_rows, seen_tokens), seconds in self._measured.items()
+                         if seen_rows >= rows and seen_tokens >= tokens), default=float("inf"))
+            return min(a + b * rows + c * rows * tokens, bound)
         if not self._observations:
             return 1e-3
         # optimistic both ways: a wider forward than those seen costs the same, a narrower one

@@ -131,9 +131,25 @@ class RaggedCache:
         return self.slots[row].nonzero()[:, 0].tolist()
 
     def drop(self, row: int, slots: list[int]) -> None:
-        """Turn `slots` of `row` into holes (rejected drafts, tree nodes, padding)."""
+        """Turn `slots` of `row` into holes (rejected drafts, tree nodes, padding).
+
+        Slots at the end that are holes in every row are cut off (the next forward writes over
+        them), so a lone row's cache stays hole-free and a batch's grows only by what a row kept.
+        """
         if slots:
             self.slots[row, slots] = False
+            if max(slots) == self.width - 1:
+                self._cut_trailing_holes()
+
+    def _cut_trailing_holes(self) -> None:
+        used = self.slots.any(dim=0).nonzero()
+        width = max(int(used[-1]) + 1 if used.numel() else 0, 1)  # a 0-wide layer loses its rows
+        if width >= self.width:
+            return
+        self.slots = self.slots[:, :width]
+        for layer in self._layers():
+            layer.keys = layer.keys[:, :, :width]  # a prefix view: SlabLayer only shortens
+            layer.values = layer.values[:, :, :width]
 
     def truncate_row(self, row: int, length: int) -> None:
         """Keep the first `length` tokens of the row's sequence."""
@@ -168,20 +184,10 @@ class RaggedCache:
             return True
         return False
 
-    def forward(self, inputs: list[RowInput], logits: str = "all") -> list[torch.Tensor]:
-        """Run every row's new tokens in one forward; return each row's logits, [new, vocab].
-
-        Every row gains T = max(new tokens) slots; a row's slots beyond its own tokens are holes.
-        logits="last": each row's after its last new token only, [1, vocab] (a row with no new
-        token gets a meaningless row); "none": the cache is filled, no logits computed or returned.
-        """
-        if len(inputs) != self.rows:
-            raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
-        new = max((len(row.token_ids) for row in inputs), default=0)
-        if new == 0:
-            return [torch.empty(0) for _ in inputs]
+    def _ragged_inputs(self, inputs: list[RowInput], new: int
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Padded ids and positions [rows, new], the new slots [rows, new] and the additive mask."""
         width = self.width
-        device = self.model.device
         input_ids = torch.zeros(self.rows, new, dtype=torch.long)
         position_ids = torch.zeros(self.rows, new, dtype=torch.long)
         # [rows, new, width + new]; a padding query sees only itself (so softmax has a key)
@@ -205,12 +211,45 @@ class RaggedCache:
                     count, count, dtype=torch.bool).tril_()
             new_slots[row, :count] = True
         dtype = self.model.dtype
+        # [rows, 1, new, width + new]
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return input_ids, position_ids, new_slots, mask[:, None].to(self.model.device)
+
+    def _plain_causal(self, inputs: list[RowInput]) -> bool:
+        """One row, no holes, a chain of new tokens at the positions that follow: a plain causal forward."""
+        if len(inputs) != 1:
+            return False
+        item = inputs[0]
+        return (item.new_mask is None and item.cached_visible is None
+                and item.positions == list(range(self.width, self.width + len(item.token_ids)))
+                and bool(self.slots.all()))
+
+    def forward(self, inputs: list[RowInput], logits: str = "all") -> list[torch.Tensor]:
+        """Run every row's new tokens in one forward; return each row's logits, [new, vocab].
+
+        Every row gains T = max(new tokens) slots; a row's slots beyond its own tokens are holes.
+        logits="last": each row's after its last new token only, [1, vocab] (a row with no new
+        token gets a meaningless row); "none": the cache is filled, no logits computed or returned.
+        """
+        if len(inputs) != self.rows:
+            raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
+        new = max((len(row.token_ids) for row in inputs), default=0)
+        if new == 0:
+            return [torch.empty(0) for _ in inputs]
+        width = self.width
+        device = self.model.device
+        if self._plain_causal(inputs):
+            # the model's own causal attention: the same values, no mask to build or apply
+            input_ids = torch.tensor([inputs[0].token_ids], dtype=torch.long)
+            position_ids = torch.tensor([inputs[0].positions], dtype=torch.long)
+            new_slots = torch.ones(1, new, dtype=torch.bool)
+            mask = None
+        else:
+            input_ids, position_ids, new_slots, mask = self._ragged_inputs(inputs, new)
         # [rows, new, vocab]
         last_index = torch.tensor([max(len(item.token_ids) - 1, 0) for item in inputs], device=device)
-        output = forward_batch_logits(self.model, input_ids.to(device), self.cache,
-                                      mask[:, None].to(device), position_ids.to(device), logits,
-                                      last_index)
+        output = forward_batch_logits(self.model, input_ids.to(device), self.cache, mask,
+                                      position_ids.to(device), logits, last_index)
         self.slots = torch.cat((self.slots, new_slots), dim=1)
         self.last_start = width
         if logits == "none":

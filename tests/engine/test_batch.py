@@ -24,6 +24,7 @@ from inference.engine import (
 )
 from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.policy import PolicyDecision, SpeculationPolicy
+from inference.engine import ragged_cache as ragged_cache_module
 from inference.engine.ragged_cache import RaggedCache, RowInput
 from inference.engine.sampling import SamplingParams
 from inference.engine.target_only import generate_plain
@@ -324,3 +325,50 @@ def test_an_adopted_row_gives_the_logits_it_gives_alone():
     assert empty.adopt_row(lane, 1) == 0
     alone = target(torch.tensor([long + [1]])).logits[0, -1]
     assert torch.allclose(empty.forward([RowInput([1], [10])])[0][-1], alone, atol=1e-6)
+
+
+def test_slots_that_are_holes_in_every_row_at_the_end_are_cut_and_written_over():
+    target = target_model("llama")
+    cache = RaggedCache(target)
+    cache.add_row(), cache.add_row()
+    first, second = [5, 9, 2, 7], [11, 12, 13, 14]
+    cache.forward([RowInput(first, list(range(4))), RowInput(second, list(range(4)))])
+    cache.truncate_row(0, 2)  # row 1 still holds slots 2 and 3: nothing to cut
+    assert cache.width == 4
+    cache.truncate_row(1, 3)  # slot 3 is a hole in both rows now
+    assert cache.width == 3 and cache.lengths() == [2, 3]
+    assert all(layer.keys.shape[2] == 3 for layer in cache.cache.layers)
+    logits = cache.forward([RowInput([1], [2]), RowInput([1], [3])])
+    assert cache.width == 4
+    for seq, row_logits in zip((first[:2], second[:3]), logits):
+        alone = target(torch.tensor([seq + [1]])).logits[0, -1]
+        assert torch.allclose(row_logits[-1], alone, atol=1e-9)
+
+
+def test_a_lone_hole_free_row_runs_without_a_mask_and_gets_the_masked_logits_bit_for_bit(monkeypatch):
+    """float32, where SDPA's fused kernel runs: the plain causal forward of one row (no mask to
+    build or apply) gives exactly what the same forward with the ragged mask gives."""
+    target = target_model("llama", torch.float32)
+    masks = []
+    real_forward = ragged_cache_module.forward_batch_logits
+
+    def spy(model, input_ids, cache, attention_mask, *args):
+        masks.append(attention_mask is None)
+        return real_forward(model, input_ids, cache, attention_mask, *args)
+
+    monkeypatch.setattr(ragged_cache_module, "forward_batch_logits", spy)
+    plain, masked = RaggedCache(target), RaggedCache(target)
+    monkeypatch.setattr(masked, "_plain_causal", lambda inputs: False)
+    plain.add_row(), masked.add_row()
+    generator = torch.Generator().manual_seed(3)
+    length = 0
+    for count, keep in ((9, 9), (5, 3), (1, 1), (5, 5), (4, 1), (1, 1)):
+        tokens = torch.randint(2, VOCAB_SIZE, (count,), generator=generator).tolist()
+        step = RowInput(tokens, list(range(length, length + count)))
+        got, expected = plain.forward([step])[0], masked.forward([step])[0]
+        assert torch.equal(got, expected)
+        length += keep
+        plain.truncate_row(0, length), masked.truncate_row(0, length)  # a rejected draft's tail
+    assert masks[0::2] == [True] * 6  # the plain cache never needed a mask
+    assert masks[1::2] == [False] * 6
+    assert plain.width == length

@@ -77,6 +77,29 @@ def test_a_cost_model_fitted_on_one_batch_size_does_not_underestimate_another():
     assert costs.estimate(8, 3) * 1000 == pytest.approx(5.0 + 2.4 + 4.8, rel=1e-6)
 
 
+def test_a_cold_outlier_does_not_make_a_lone_rows_draft_look_expensive():
+    # the draft forwards a c=8 warm-up measured on the demo pair (one of them cold), then a lone
+    # request: the old fit (clamped least squares) put 105 ms on each row, so one row's 1.6 ms
+    # draft forward looked like 106 ms and the policy never drafted again
+    draft = ForwardCostModel()
+    draft.observe(5, 56, 0.0208)
+    for _ in range(5):
+        draft.observe(8, 1, 0.0028)
+    draft.observe(8, 3, 0.0224)
+    assert draft.estimate(1, 1) <= 0.0028  # at most what 8 rows x 1 token was measured at
+    assert draft.estimate(8, 2) <= 0.0224
+    assert all(coefficient >= 0 for coefficient in draft._coefficients)
+
+    policy = SpeculationPolicy(max_depth=8)
+    policy.draft_costs = draft
+    for _ in range(20):
+        policy.target_costs.observe(1, 1, 0.0137)
+        policy.target_costs.observe(1, 5, 0.0153)
+    for _ in range(100):
+        policy.observe_acceptance("draft_model", 8, 4)
+    assert policy.decide([RowOutlook("draft_model", 8)]).depth >= 3
+
+
 def test_acceptance_tracker_learns_per_position_rates():
     tracker = AcceptanceTracker(prior=0.5)
     for _ in range(300):
