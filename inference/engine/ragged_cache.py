@@ -186,34 +186,34 @@ class RaggedCache:
 
     def _ragged_inputs(self, inputs: list[RowInput], new: int
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Padded ids and positions [rows, new], the new slots [rows, new] and the additive mask."""
+        """Padded ids and positions [rows, new], the new slots [rows, new] and the additive mask.
+
+        Built with whole-batch tensor ops (a per-row loop of slice assignments cost ~0.4 ms a
+        forward at 8 rows, a tenth of a one-layer draft forward); only rows with their own masks
+        (trees, `cached_visible`) are filled one by one.
+        """
         width = self.width
-        input_ids = torch.zeros(self.rows, new, dtype=torch.long)
-        position_ids = torch.zeros(self.rows, new, dtype=torch.long)
-        # [rows, new, width + new]; a padding query sees only itself (so softmax has a key)
-        allowed = torch.zeros(self.rows, new, width + new, dtype=torch.bool)
-        allowed[:, torch.arange(new), width + torch.arange(new)] = True
-        new_slots = torch.zeros(self.rows, new, dtype=torch.bool)
-        for row, item in enumerate(inputs):
-            count = len(item.token_ids)
-            if count == 0:
-                continue
-            input_ids[row, :count] = torch.tensor(item.token_ids, dtype=torch.long)
-            position_ids[row, :count] = torch.tensor(item.positions, dtype=torch.long)
-            if item.cached_visible is not None:
+        counts = [len(item.token_ids) for item in inputs]
+        input_ids = torch.tensor([item.token_ids + [0] * (new - count) for item, count in zip(inputs, counts)],
+                                 dtype=torch.long)
+        position_ids = torch.tensor([list(item.positions) + [0] * (new - count)
+                                     for item, count in zip(inputs, counts)], dtype=torch.long)
+        # [rows, new] which new slots hold a token (the rest pad the row to the forward's width)
+        valid = torch.arange(new)[None, :] < torch.tensor(counts)[:, None]
+        # [rows, new, width + new]: a token sees its row's sequence and the new tokens before it;
+        # a padding query sees only itself (so softmax has a key)
+        allowed = torch.cat((self.slots[:, None, :] & valid[:, :, None],
+                             torch.ones(new, new, dtype=torch.bool).tril_() & valid[:, :, None]
+                             | torch.eye(new, dtype=torch.bool)), dim=2)
+        for row, (item, count) in enumerate(zip(inputs, counts)):
+            if count and item.cached_visible is not None:
                 allowed[row, :count, :width] = item.cached_visible
-            else:
-                allowed[row, :count, :width] = self.slots[row]
-            if item.new_mask is not None:
+            if count and item.new_mask is not None:
                 allowed[row, :count, width:width + count] = item.new_mask
-            else:
-                allowed[row, :count, width:width + count] = torch.ones(
-                    count, count, dtype=torch.bool).tril_()
-            new_slots[row, :count] = True
         dtype = self.model.dtype
         # [rows, 1, new, width + new]
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return input_ids, position_ids, new_slots, mask[:, None].to(self.model.device)
+        return input_ids, position_ids, valid, mask[:, None].to(self.model.device)
 
     def _plain_causal(self, inputs: list[RowInput]) -> bool:
         """One row, no holes, a chain of new tokens at the positions that follow: a plain causal forward."""
