@@ -85,6 +85,37 @@ def test_a_full_queue_blocks_the_loop_until_the_writer_catches_up():
         writes.close()
 
 
+def test_a_blocked_put_calls_back_about_once_a_second_and_a_failing_callback_loses_nothing():
+    calls = []
+
+    def renew():
+        calls.append(time.monotonic())
+        raise RuntimeError("PostgreSQL went away")
+
+    writes = WriteBehind(max_items=1, while_blocked=renew)
+    release, started, ran = threading.Event(), threading.Event(), []
+
+    def slow():
+        started.set()
+        release.wait(10)
+
+    try:
+        writes.put(slow)
+        assert started.wait(5)
+        writes.put(ran.append, 0)  # fills the queue
+        putter = threading.Thread(target=writes.put, args=(ran.append, 1))
+        putter.start()
+        putter.join(2.5)
+        assert putter.is_alive() and 2 <= len(calls) <= 3  # LIVENESS_CHECK_S apart
+        release.set()
+        putter.join(5)
+        writes.join()
+        assert ran == [0, 1]  # the callback raised; the item still went in
+    finally:
+        release.set()
+        writes.close()
+
+
 def test_close_runs_what_was_put_then_a_put_starts_a_writer_again():
     writes = WriteBehind()
     ran = []
@@ -342,6 +373,7 @@ def test_a_failed_forward_fails_each_of_its_sessions_once(settings, tenant, targ
 @on_the_services
 def test_a_writer_held_up_by_postgresql_stops_the_loop_at_the_queue_bound(settings, tenant, target, new_loop):
     settings.SPECOPS_TOKEN_FLUSH_MS = 1  # a flush after every step
+    settings.SPECOPS_SESSION_LEASE_S = 1.5  # renewed every 0.5 s, when the loop can
     steps, bound = 40, 4
     engine = ScriptedEngine(2, steps)
     loop = new_loop(engine, write_queue=bound)
@@ -357,6 +389,14 @@ def test_a_writer_held_up_by_postgresql_stops_the_loop_at_the_queue_bound(settin
             assert loop.writes.waiting <= bound
         assert engine.taken == taken < steps, "the loop must wait for the writer"
         assert loop_thread.is_alive()
+        # a loop held up longer than a lease still renews its sessions' leases (the reconciler
+        # would otherwise take them for a dead worker's)
+        leases = lambda: sorted(Session.objects.filter(pk__in=[job.session.pk for job in jobs])
+                                .values_list("lease_expires_at", flat=True))
+        held = leases()
+        time.sleep(2.5)
+        assert engine.taken == taken, "still blocked"
+        assert all(later > earlier for earlier, later in zip(held, leases()))
         # the backlog metric saw the queue fill (set after each step the loop could hand over)
         assert bound - 2 <= REGISTRY.get_sample_value("specops_batch_writer_waiting_items") <= bound
         assert REGISTRY.get_sample_value("specops_batch_writer_capacity_items") == bound

@@ -56,7 +56,7 @@ class DeviceBatchLoop:
         self.engines: dict[tuple[int, int | None], BatchedSpeculativeEngine] = {}
         self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
         self.recorder = BatchRecorder()
-        self.writes = WriteBehind(write_queue)
+        self.writes = WriteBehind(write_queue, while_blocked=self._renew_leases_untraced)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
@@ -141,6 +141,11 @@ class DeviceBatchLoop:
             job = self.jobs.get(session_id)
             if job is not None:
                 self.engines[job.pair].cancel(session_id)
+
+    def _renew_leases_untraced(self) -> None:
+        """Lease renewal from inside a step (the loop waiting for room in the writer's queue)."""
+        with tracing.untraced():
+            self._renew_leases()
 
     def _renew_leases(self) -> None:
         """Heartbeat: extend the lease of every session in hand, so the reconciler leaves them be."""

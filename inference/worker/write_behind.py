@@ -14,6 +14,7 @@ its outcome is written, so Celery's late ack still means "written". Keep it one 
 
 Backpressure: at most ``max_items`` items wait; when the writer falls that far behind (PostgreSQL
 or Redis slow), `put` blocks the loop until it catches up, so memory cannot grow without limit.
+While it blocks it calls ``while_blocked`` about once a second (the loop renews its leases).
 
 Failure: an item that raises is logged, the thread's database connection is checked
 (`close_old_connections`, as the loop does) and the writer goes on with the next item. An item
@@ -40,9 +41,13 @@ _STOP = object()  # the item that ends the writer thread (WriteBehind.close)
 class WriteBehind:
     """A thread that runs the work items it is given, one at a time, in the order given."""
 
-    def __init__(self, max_items: int = MAX_ITEMS, name: str = "specops-batch-writer") -> None:
+    def __init__(self, max_items: int = MAX_ITEMS, name: str = "specops-batch-writer",
+                 while_blocked: Callable[[], object] | None = None) -> None:
         self.max_items = max_items
         self.name = name
+        # called about every LIVENESS_CHECK_S while a `put` waits for room (the loop renews its
+        # sessions' leases there: a loop held up longer than a lease must not look dead)
+        self.while_blocked = while_blocked
         self.failures = 0  # items that raised
         self._items: queue.Queue[tuple[Callable[..., object] | object, tuple]] = queue.Queue(maxsize=max_items)
         self._thread: threading.Thread | None = None
@@ -58,6 +63,11 @@ class WriteBehind:
                 return
             except queue.Full:
                 self._ensure_running()
+                if self.while_blocked is not None:
+                    try:
+                        self.while_blocked()
+                    except Exception:  # the item still goes in: it must not be lost
+                        logger.exception("a write's wait for room: its callback failed")
 
     def close(self) -> None:
         """Stop the writer once the items put so far have run (its database connections close);
