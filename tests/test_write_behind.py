@@ -57,9 +57,10 @@ def test_items_run_in_the_order_put_and_one_that_raises_stops_nothing():
         writes.close()
 
 
-def test_a_full_queue_blocks_the_loop_until_the_writer_catches_up():
-    writes = WriteBehind(max_items=3)
-    release, started, ran = threading.Event(), threading.Event(), []
+@contextlib.contextmanager
+def writer_held(writes: WriteBehind):
+    """The writer busy with an item until the event yielded is set (or the block ends)."""
+    release, started = threading.Event(), threading.Event()
 
     def slow():
         started.set()
@@ -68,6 +69,15 @@ def test_a_full_queue_blocks_the_loop_until_the_writer_catches_up():
     try:
         writes.put(slow)
         assert started.wait(5)  # the writer holds it: nothing more runs
+        yield release
+    finally:
+        release.set()
+        writes.close()
+
+
+def test_a_full_queue_blocks_the_loop_until_the_writer_catches_up():
+    writes, ran = WriteBehind(max_items=3), []
+    with writer_held(writes) as release:
         for number in range(3):
             writes.put(ran.append, number)  # up to max_items wait without blocking
         putter = threading.Thread(target=writes.put, args=(ran.append, 3))
@@ -80,28 +90,17 @@ def test_a_full_queue_blocks_the_loop_until_the_writer_catches_up():
         assert not putter.is_alive()
         writes.join()
         assert ran == [0, 1, 2, 3]
-    finally:
-        release.set()
-        writes.close()
 
 
 def test_a_blocked_put_calls_back_about_once_a_second_and_a_failing_callback_loses_nothing():
-    calls = []
+    calls, ran = [], []
 
     def renew():
         calls.append(time.monotonic())
         raise RuntimeError("PostgreSQL went away")
 
     writes = WriteBehind(max_items=1, while_blocked=renew)
-    release, started, ran = threading.Event(), threading.Event(), []
-
-    def slow():
-        started.set()
-        release.wait(10)
-
-    try:
-        writes.put(slow)
-        assert started.wait(5)
+    with writer_held(writes) as release:
         writes.put(ran.append, 0)  # fills the queue
         putter = threading.Thread(target=writes.put, args=(ran.append, 1))
         putter.start()
@@ -111,9 +110,6 @@ def test_a_blocked_put_calls_back_about_once_a_second_and_a_failing_callback_los
         putter.join(5)
         writes.join()
         assert ran == [0, 1]  # the callback raised; the item still went in
-    finally:
-        release.set()
-        writes.close()
 
 
 def test_close_runs_what_was_put_then_a_put_starts_a_writer_again():
