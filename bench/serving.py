@@ -1,6 +1,7 @@
 """Serving benchmark: aggregate throughput and latency as concurrency grows, on the demo pair, one run.
 
     .venv/bin/python bench/serving.py [--device cpu|cuda] [--concurrency 1,4,8,16] [--requests 32] [--skip-api | --api-only]
+                                      [--linear-kernels chosen|torch]
 
 At each concurrency c, the same workload of `--requests` requests (32 held-out prompts, 64 new
 tokens, greedy, EOS off so every request runs its full length) is served with c requests in
@@ -237,6 +238,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     parser.add_argument("--prefill", choices=("auto", "shared", "separate"), default="auto",
                         help="the batched engines' prefill mode (SPECOPS_PREFILL of the API's worker)")
+    parser.add_argument("--linear-kernels", choices=("chosen", "torch"), default="chosen",
+                        help="the engine's linear products: oneDNN where measured exact and faster "
+                             "(the workers' default, SPECOPS_ONEDNN_LINEAR), or torch's own everywhere")
     parser.add_argument("--skip-api", action="store_true", help="engine figures only")
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
@@ -260,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SPECOPS_PREFILL"] = args.prefill  # the API run's worker inherits it
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.linear_kernels == "torch":
+        from inference.engine.linear_kernels import LinearKernels, set_linear_kernels
+
+        set_linear_kernels(LinearKernels(enabled=False))
+        os.environ["SPECOPS_ONEDNN_LINEAR"] = "false"  # the API run's worker inherits it
     from inference.demo.prompts import load_heldout_prompts
     from inference.engine.loading import load_model_pair
 
@@ -276,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"][: args.prompt_tokens]
                for text in texts]
     print(f"serving bench: demo pair on {args.device}, {len(prompts)} prompts, "
-          f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}", flush=True)
+          f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}, "
+          f"linear kernels {args.linear_kernels}", flush=True)
     runs = engine_table(args, target.model, draft.model, tokenizer, prompts)
     print_table(runs)
     # the one-at-a-time decoder's output per prompt is the reference for greedy identity

@@ -23,6 +23,9 @@ SETTINGS = (
     Setting("SPECOPS_PREFILL_CHUNK", int, 0,
             "prompt tokens a newcomer feeds per step beside decoding rows (0: by device and mode, "
             "64, or 8 on a CPU in the shared mode)"),
+    Setting("SPECOPS_ONEDNN_LINEAR", bool, True,
+            "run large linear products on oneDNN where measured bit-exact and faster than torch's BLAS "
+            "(inference/engine/linear_kernels.py; off: torch's own everywhere)"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
     Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),

@@ -8,8 +8,10 @@ modules (embeddings, rotary embedding, decoder layers, norm, LM head) without th
 wrappers: their output capturing, mask construction and output objects cost ~0.4 ms a call on
 a CPU, a third of a one-layer draft's forward. Each decoder layer runs its own submodules
 (`_lean_layer`) with SDPA's grouped-query attention on the cache's in-place keys (kv_slab.py),
-not transformers' copy of the whole cache per layer (`repeat_kv`). Tests check the logits are
-those of transformers' own layers bit for bit; every other model takes the wrapped path.
+not transformers' copy of the whole cache per layer (`repeat_kv`). Its linear layers run on
+oneDNN for large row counts where that was measured exact and faster (linear_kernels.py). Tests
+check the logits are those of transformers' own layers bit for bit; every other model takes the
+wrapped path.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.linear_kernels import linear_kernels
 
 # Config attributes that hold the longest sequence a model was built for, most specific first.
 _CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",
@@ -66,6 +69,8 @@ def supports_lean_forward(model: PreTrainedModel) -> bool:
             config.model_type in _LEAN_MODEL_TYPES
             and config._attn_implementation == "sdpa"
             and all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
+            and all(hasattr(layer.mlp, name) for layer in inner.layers
+                    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
             and not getattr(config, "use_sliding_window", False)
             and layer_types == {"full_attention"}
@@ -115,13 +120,14 @@ def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: to
     bit for bit without the copy (tests/engine/test_modeling.py).
     """
     attention = layer.self_attn
+    linear = linear_kernels().linear  # module(x), on oneDNN for large row counts where it is exact
     residual = hidden
     hidden = layer.input_layernorm(hidden)
     input_shape = hidden.shape[:-1]
     head_shape = (*input_shape, -1, attention.head_dim)
-    query = attention.q_proj(hidden).view(head_shape).transpose(1, 2)
-    key = attention.k_proj(hidden).view(head_shape).transpose(1, 2)
-    value = attention.v_proj(hidden).view(head_shape).transpose(1, 2)
+    query = linear(attention.q_proj, hidden).view(head_shape).transpose(1, 2)
+    key = linear(attention.k_proj, hidden).view(head_shape).transpose(1, 2)
+    value = linear(attention.v_proj, hidden).view(head_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query, key = _rotary_function(attention)(query, key, cos, sin)
     key, value = cache_layer.update(key, value)
@@ -129,9 +135,11 @@ def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: to
         query, key, value, attn_mask=attention_mask, scale=attention.scaling,
         enable_gqa=attention.num_key_value_groups > 1)
     output = output.transpose(1, 2).contiguous().reshape(*input_shape, -1).contiguous()
-    hidden = residual + attention.o_proj(output)
+    hidden = residual + linear(attention.o_proj, output)
     residual = hidden
-    return residual + layer.mlp(layer.post_attention_layernorm(hidden))
+    hidden = layer.post_attention_layernorm(hidden)
+    mlp = layer.mlp  # LlamaMLP / Qwen2MLP: down(act(gate(x)) * up(x))
+    return residual + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, hidden)) * linear(mlp.up_proj, hidden))
 
 
 def _rotary_function(attention: torch.nn.Module):
@@ -152,7 +160,7 @@ def _lean_logits(
 ) -> torch.Tensor:
     """The last `keep` logits rows of one sequence; [keep, vocab]."""
     hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids)
-    return model.lm_head(hidden[:, -keep:])[0]
+    return linear_kernels().linear(model.lm_head, hidden[:, -keep:])[0]
 
 
 def forward_batch_logits(
@@ -186,8 +194,8 @@ def forward_batch_logits(
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         if hidden is None:  # the model computed every position's logits: pick the last
             return output.logits[rows, last_index][:, None]
-        return model.lm_head(hidden[rows, last_index][:, None])
-    return model.lm_head(hidden) if hidden is not None else output.logits
+        return linear_kernels().linear(model.lm_head, hidden[rows, last_index][:, None])
+    return linear_kernels().linear(model.lm_head, hidden) if hidden is not None else output.logits
 
 
 def forward_logits(

@@ -37,8 +37,16 @@ class ModelResidency:
 
             # a variant directory (int8, bf16, compiled) loads through the same call, from its recipe
             loaded = load_causal_lm(version.directory, device=version.device)
-            logger.info("loaded model version %s (%s) from %s", version, getattr(version, "variant", "original"),
-                        version.directory)
+            from inference.engine.linear_kernels import LinearKernels, linear_kernels, set_linear_kernels
+
+            if not conf.ONEDNN_LINEAR and linear_kernels().enabled:
+                set_linear_kernels(LinearKernels(enabled=False))
+            # the matrix kernels of its shapes are measured now, not in the first batch's forward
+            kernels = linear_kernels().prepare(loaded.model)
+            logger.info("loaded model version %s (%s) from %s; linear kernels: %s", version,
+                        getattr(version, "variant", "original"), version.directory,
+                        "; ".join(f"{key[1]}->{key[0]}: {choice.reason}" for key, choice in kernels.items())
+                        or "torch's own")
             self._loaded[version.pk] = loaded
             while len(self._loaded) > self.capacity:
                 evicted, _ = self._loaded.popitem(last=False)
