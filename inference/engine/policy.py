@@ -42,7 +42,8 @@ _DECAY = 0.995
 class ForwardCostModel:
     """Seconds of one forward as a function of batch rows and new tokens per row.
 
-    Least squares over the last `window` observations of
+    Least squares over the median of each (rows, tokens) shape among the last `window`
+    observations, of
         seconds = a + b * rows + c * rows * tokens
     (fixed overhead, per-row overhead such as cache gathers and sampling, per-token compute).
     A term is fitted once what it depends on has varied (one row count: no `b`; one token count:
@@ -90,11 +91,16 @@ class ForwardCostModel:
         if len(columns) == 1:
             self._coefficients = None
             return
-        # [observations, columns]
-        features = numpy.array([[column(rows, tokens) for column in columns]
-                                for rows, tokens, _ in self._observations], dtype=numpy.float64)
-        # [observations]
-        seconds = [s for _, _, s in self._observations]
+        # one point per shape, its median: a one-off outlier (a cold cache, a forward that also
+        # measured the machine's kernels, a neighbour's burst) moves nothing unless it is all
+        # that was seen of its shape, where least squares over raw observations let one 300 ms
+        # draft forward make every draft look expensive (the policy then never drafted)
+        shapes = sorted(self._measured)
+        # [shapes, columns]
+        features = numpy.array([[column(rows, tokens) for column in columns] for rows, tokens in shapes],
+                               dtype=numpy.float64)
+        # [shapes]
+        seconds = [self._measured[shape] for shape in shapes]
         # non-negative least squares: clamping an unconstrained fit's negative overhead to zero
         # left the per-row term fitted with it (draft forwards of 5 and 8 rows, one a cold 22 ms
         # outlier, gave 105 ms per row: a lone row's draft looked 40x what it costs, so a policy

@@ -100,6 +100,24 @@ def test_a_cold_outlier_does_not_make_a_lone_rows_draft_look_expensive():
     assert policy.decide([RowOutlook("draft_model", 8)]).depth >= 3
 
 
+def test_a_one_off_slow_forward_does_not_stop_a_lone_row_from_drafting():
+    # a warm-up at 8 rows whose first verify also measured the machine's matrix kernels (150 ms
+    # instead of ~24), then lone decode steps: fitted on raw observations, the outlier put the
+    # cost on every row-token, a lone 5-token verify looked 2.5x a decode step and the policy
+    # at one row never drafted (seen in bench/serving.py: spec_batch at c=1 = plain_batch)
+    policy = SpeculationPolicy(max_depth=8)
+    for seconds in (0.150, 0.024, 0.023, 0.024):
+        policy.target_costs.observe(8, 5, seconds)
+        policy.draft_costs.observe(8, 1, 0.0011)
+    for _ in range(40):
+        policy.target_costs.observe(1, 1, 0.0076)
+        policy.draft_costs.observe(1, 1, 0.0006)
+    assert policy.target_costs.estimate(1, 5) < 1.5 * policy.target_costs.estimate(1, 1)
+    for _ in range(100):
+        policy.observe_acceptance("draft_model", 8, 4)
+    assert policy.decide([RowOutlook("draft_model", 8)]).depth >= 3
+
+
 def test_acceptance_tracker_learns_per_position_rates():
     tracker = AcceptanceTracker(prior=0.5)
     for _ in range(300):
