@@ -245,6 +245,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
     parser.add_argument("--api-requests", type=int, default=16)
+    parser.add_argument("--admin-url", default="postgres://postgres@127.0.0.1:5432/postgres",
+                        help="where the API run makes (and drops) its own database, specops_bench_serving")
+    parser.add_argument("--redis-db", type=int, default=7,
+                        help="the API run's own Redis database (broker, cache, streams), flushed first")
     return parser.parse_args(argv)
 
 
@@ -252,7 +256,8 @@ def measure_api(model_dir: Path, args: argparse.Namespace) -> dict[int, float]:
     """Aggregate tok/s through the API at 1 and 8 concurrent requests (bench/serving_api.py)."""
     from bench.serving_api import api_throughput
 
-    api = api_throughput(model_dir, [1, 8], args.api_requests, args.max_new_tokens)
+    api = api_throughput(model_dir, [1, 8], args.api_requests, args.max_new_tokens, args.admin_url,
+                         args.redis_db)
     print("  API end to end: " + ", ".join(f"c={c} {v:.1f} tok/s" for c, v in api.items()), flush=True)
     return api
 

@@ -1,19 +1,21 @@
 """End-to-end part of bench/serving.py: aggregate tok/s through the API with a real batching worker.
 
-Starts, against the development database (migrated here) and the local Redis broker: one Celery
-worker on the `cpu` queue as production runs it (threads pool of SPECOPS_MAX_BATCH, one
-batching loop) and one ASGI web server; registers the demo pair; then, at each concurrency c,
-keeps c requests in flight (POST /api/v1/generations/, temperature 0.7, no seed so the
-prediction cache cannot answer) until `requests` have finished, following each session until
-it ends. Aggregate tok/s = generated tokens / wall time.
+Starts, on a database of its own (`specops_bench_serving`, made afresh and dropped at the end)
+and a Redis database of its own (`--redis-db` of bench/serving.py, default 7, flushed first:
+broker, cache and streams), so a developer's `make run` platform and its registry are left as
+they were: one Celery worker on the `cpu` queue as production runs it (threads pool of
+SPECOPS_MAX_BATCH, one batching loop) and one ASGI web server; registers the demo pair; then,
+at each concurrency c, keeps c requests in flight (POST /api/v1/generations/, temperature 0.7,
+no seed so the prediction cache cannot answer) until `requests` have finished, following each
+session until it ends. Aggregate tok/s = generated tokens / wall time.
 """
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -29,6 +31,35 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+BENCH_DB = "specops_bench_serving"
+
+
+def _recreate_database(admin_url: str, drop_only: bool = False) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        if not drop_only:
+            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
+
+
+def _own_services(admin_url: str, redis_db: int) -> None:
+    """Point this process (and the worker and web it starts) at the bench's own databases."""
+    import redis
+
+    _recreate_database(admin_url)
+    redis_url = f"redis://127.0.0.1:6379/{redis_db}"
+    redis.Redis.from_url(redis_url).flushdb()
+    os.environ.update({
+        "DATABASE_URL": admin_url.rsplit("/", 1)[0] + f"/{BENCH_DB}", "DATABASE_REPLICA_URLS": "",
+        "REDIS_URL": redis_url, "CELERY_BROKER_URL": redis_url, "CELERY_RESULT_BACKEND": redis_url,
+        # one client making every request: the per-token limits would refuse it
+        "SPECOPS_THROTTLE_USER_RATE": "none", "SPECOPS_THROTTLE_TENANT_RATE": "none",
+        "SPECOPS_THROTTLE_GENERATION_RATE": "none",
+    })
+    os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(40))
 
 
 def _django(model_dir: Path):
@@ -49,11 +80,8 @@ def _register_and_token(model_dir: Path) -> str:
     from inference.registry import register_pair
     from metadata.models import Tenant, TenantMembership
 
-    # A version of its own per pair of directories: registration is idempotent by (name, version)
-    # and would keep serving an earlier pair registered under the same version.
     dirs = [(model_dir / name).resolve() for name in ("demo-target", "demo-draft")]
-    stamp = hashlib.sha1(repr([(str(d), (d / "config.json").stat().st_mtime) for d in dirs]).encode())
-    register_pair("demo", f"bench-{stamp.hexdigest()[:10]}", *dirs)
+    register_pair("demo", "bench", *dirs)  # the bench's own database: nothing else is registered
     user, _ = get_user_model().objects.get_or_create(username="bench-serving")
     tenant, _ = Tenant.objects.get_or_create(name="bench")
     TenantMembership.objects.get_or_create(user=user, defaults={"tenant": tenant})
@@ -123,8 +151,21 @@ async def _measure(base_url: str, token: str, concurrency: int, requests: int,
         return tokens / (time.perf_counter() - started)
 
 
-def api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
-                   max_new_tokens: int) -> dict[int, float]:
+def api_throughput(model_dir: Path, concurrencies: list[int], requests: int, max_new_tokens: int,
+                   admin_url: str = "postgres://postgres@127.0.0.1:5432/postgres",
+                   redis_db: int = 7) -> dict[int, float]:
+    _own_services(admin_url, redis_db)
+    try:
+        return _api_throughput(model_dir, concurrencies, requests, max_new_tokens)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        _recreate_database(admin_url, drop_only=True)
+
+
+def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
+                    max_new_tokens: int) -> dict[int, float]:
     _django(model_dir)
     token = _register_and_token(model_dir)
     from django.conf import settings
@@ -135,8 +176,6 @@ def api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
            # one torch thread, as scripts/run.sh and the systemd unit start workers (unless set)
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"}
-    env.update({key: "1000000/minute" for key in ("SPECOPS_THROTTLE_USER_RATE",
-                                                   "SPECOPS_THROTTLE_TENANT_RATE")})
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` below stops worker and web
     port = _free_port()
     logs = ROOT / "var"
