@@ -19,6 +19,9 @@ only its total, so its TTFT/ITL columns are empty). Then end to end through the 
 real Celery worker (threads pool, the batching loop) and an async client: aggregate tok/s at 1
 and 8 concurrent requests. Each figure is measured in this run, so ratios compare like with like.
 
+Before it, `CEILING batch8_over_sequential=<x> ours_over_hf_batch8=<x>`: the most those two
+ratios could be in this run, the batched engine's ideal at c=8 (its forwards as measured in the
+run, nothing between them, bench/serving_ceiling.py) over the baselines as measured.
 Last line:
 RESULT batch8_over_sequential=<x> spec_over_plain_batch1=<x> spec_over_plain_batch8=<x>
        ours_over_hf_batch8=<x> greedy_identical_batched=<bool> api_concurrency8_over_1=<x>
@@ -152,7 +155,7 @@ def run_hf_static(target, tokenizer, prompts, max_new_tokens, concurrency: int |
     return run
 
 
-def engine_table(args, target, draft, tokenizer, prompts) -> dict[tuple[str, int], Run]:
+def engine_table(args, target, draft, tokenizer, prompts) -> tuple[dict[tuple[str, int], Run], list[float]]:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=NO_EOS)
     policy = SpeculationPolicy(max_depth=8)
     prefill = None if args.prefill == "auto" else args.prefill
@@ -192,7 +195,9 @@ def engine_table(args, target, draft, tokenizer, prompts) -> dict[tuple[str, int
                                                     "hf_static") if (name, c) in runs), flush=True)
     rates = {kind: [round(t.rate(i), 2) for i in range(4)] for kind, t in policy.acceptance.items()}
     print(f"  policy: acceptance by position {rates}", flush=True)
-    return runs
+    tracker = policy.acceptance.get("draft_model")
+    acceptance = [tracker.rate(i) for i in range(8)] if tracker is not None else [0.8]
+    return runs, acceptance
 
 
 def print_table(runs: dict[tuple[str, int], Run]) -> None:
@@ -218,6 +223,20 @@ def greedy_identical(runs: dict[tuple[str, int], Run], reference: dict[int, list
                 print(f"  MISMATCH {name} c={c} request {index}", flush=True)
                 return False
     return True
+
+
+def print_ceiling(args, target, draft, acceptance: list[float], sequential_tps: float, hf_tps: float) -> None:
+    """The most the c=8 ratios could be with this run's forwards and nothing else (serving_ceiling.py):
+    the batched engine's ideal over the baselines as measured."""
+    from bench.serving_ceiling import serving_ceiling
+
+    ceiling = serving_ceiling(target, draft, args.prompt_tokens, args.max_new_tokens, max(8, args.requests), 8,
+                              acceptance, gamma=args.gamma)
+    print(f"  ceiling at c=8 (these forwards, no Python between them, prompts prefilled 8 at a time): "
+          f"batched {ceiling.batch_tps:.0f} tok/s (depth {ceiling.batch_depth}, {ceiling.step_ms:.1f} ms a step); "
+          f"the one-at-a-time decoder's the same way {ceiling.sequential_tps:.0f} tok/s", flush=True)
+    print(f"CEILING batch8_over_sequential={ceiling.batch_tps / sequential_tps:.2f} "
+          f"ours_over_hf_batch8={ceiling.batch_tps / hf_tps:.2f}", flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -292,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving bench: demo pair on {args.device}, {len(prompts)} prompts, "
           f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}, "
           f"linear kernels {args.linear_kernels}", flush=True)
-    runs = engine_table(args, target.model, draft.model, tokenizer, prompts)
+    runs, acceptance = engine_table(args, target.model, draft.model, tokenizer, prompts)
     print_table(runs)
     # the one-at-a-time decoder's output per prompt is the reference for greedy identity
     reference = {}
@@ -314,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         run = runs.get((name, c))
         return run.tokens_per_second if run else float("nan")
 
+    if 8 in args.concurrency:
+        print_ceiling(args, target.model, draft.model, acceptance, tps("sequential", 8), tps("hf_static", 8))
     api_ratio = float("nan")
     if not args.skip_api:
         api = measure_api(model_dir, args)
