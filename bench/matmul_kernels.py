@@ -43,7 +43,9 @@ SHAPES = (
 
 
 def forward_once(model, rows: int, new: int, cached: int, logits: str) -> tuple[float, torch.Tensor]:
-    """One forward of `rows` x `new` tokens on a cache of `cached` tokens per row: (seconds, logits)."""
+    """One forward of `rows` x `new` tokens on a cache of `cached` tokens per row: (seconds, logits).
+
+    Also bench/serving_ceiling.py's measure of the engine's forwards."""
     cache = RaggedCache(model)
     for _ in range(rows):
         cache.add_row()
@@ -56,7 +58,7 @@ def forward_once(model, rows: int, new: int, cached: int, logits: str) -> tuple[
         started = time.perf_counter()
         out = cache.forward(inputs, logits=logits)
         seconds = time.perf_counter() - started
-    return seconds, torch.cat(out)
+    return seconds, torch.cat(out) if out else torch.empty(0)  # logits="none": nothing back
 
 
 def main(argv: list[str] | None = None) -> int:

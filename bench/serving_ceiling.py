@@ -14,12 +14,9 @@ tok/s of `sequential` and of `hf_static` bounds `batch8_over_sequential` and `ou
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 
-import torch
-
-from inference.engine.ragged_cache import RaggedCache, RowInput
+from bench.matmul_kernels import forward_once
 
 CACHED = 110  # tokens a row holds mid-generation (48-token prompt + ~64 generated, halfway)
 
@@ -37,21 +34,7 @@ class Ceiling:
 
 
 def _forward_ms(model, rows: int, new: int, cached: int, logits: str, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        cache = RaggedCache(model)
-        for _ in range(rows):
-            cache.add_row()
-        with torch.inference_mode():
-            if cached:
-                cache.forward([RowInput([(5 + 7 * r + i) % 4000 for i in range(cached)], list(range(cached)))
-                               for r in range(rows)], logits="none")
-            inputs = [RowInput([(11 + 3 * r + i) % 4000 for i in range(new)], list(range(cached, cached + new)))
-                      for r in range(rows)]
-            started = time.perf_counter()
-            cache.forward(inputs, logits=logits)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+    return statistics.median(forward_once(model, rows, new, cached, logits)[0] for _ in range(repeats)) * 1000
 
 
 def expected_tokens(acceptance: list[float], depth: int) -> float:
