@@ -14,8 +14,8 @@ oneDNN for a weight shape only where it was measured to be both:
     demo pair every 192-wide input matches, the MLP's 512-wide down projection does not);
   * faster: from the smallest probed row count at which it beat `F.linear` (and at every larger
     probe), decided by timing both on the real weight.
-Both are decided once per weight shape, on first use at a row count that could qualify, and
-kept for the process. Elsewhere (float64, other devices, no oneDNN, a module that is not a plain
+Both are decided once per weight shape and kept for the process: when a worker loads a model
+or an engine is built (`prepare`), else on first use at a row count that could qualify. Elsewhere (float64, other devices, no oneDNN, a module that is not a plain
 `nn.Linear`, such as a quantised draft) the module runs as it always did.
 """
 
