@@ -54,7 +54,7 @@ from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_draft
 from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
-from inference.engine.linear_kernels import linear_kernels
+from inference.engine.linear_kernels import prepare_kernels
 from inference.engine.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
 from inference.engine.modeling import context_length, logits_width
 from inference.engine.outputs import GenerationResult, StepOutput
@@ -105,9 +105,7 @@ class BatchedSpeculativeEngine(ChainDrafting, PrefillLane):
         self.context_length = context_length(target)
         self.draft_vocab = draft.get_input_embeddings().num_embeddings if draft is not None else 0
         self.draft_context = context_length(draft) if draft is not None else 0
-        for model in (target, draft):  # kernel choices measured now, not inside a timed forward
-            if model is not None:
-                linear_kernels().prepare(model)
+        prepare_kernels(target, draft)  # measured now, not inside a timed forward
         self.target_cache = RaggedCache(target)
         self.draft_cache = RaggedCache(draft) if draft is not None else None
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]

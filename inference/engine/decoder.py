@@ -26,7 +26,7 @@ from inference.engine.draft_tree import (
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.errors import ConfigError, PromptTooLongError
 from inference.engine.kv_cache import keep_accepted, new_cache
-from inference.engine.linear_kernels import linear_kernels
+from inference.engine.linear_kernels import prepare_kernels
 from inference.engine.loading import LoadedModel, decode_of, unwrap_model
 from inference.engine.modeling import context_length, forward_logits, input_vocab_size
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
@@ -128,7 +128,7 @@ class SpeculativeDecoder:
         decode: Callable[[list[int]], str] | None = None,
     ) -> None:
         self.target = unwrap_model(target)
-        linear_kernels().prepare(self.target)  # kernel choices measured now, not inside a timed forward
+        prepare_kernels(self.target)  # kernel choices measured now, not inside a timed forward
         self.drafter = drafter
         self.decode = decode if decode is not None else decode_of(target)
         self.context_length = context_length(self.target)

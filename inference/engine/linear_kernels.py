@@ -163,6 +163,14 @@ def linear_kernels() -> LinearKernels:
     return _DEFAULT
 
 
+def prepare_kernels(*models: torch.nn.Module | None) -> None:
+    """Decide the kernel of every linear shape of these models now (None entries are skipped):
+    engines and decoders call it when built, so no decision is timed inside one of their forwards."""
+    for model in models:
+        if model is not None:
+            _DEFAULT.prepare(model)
+
+
 def set_linear_kernels(kernels: LinearKernels) -> LinearKernels:
     """Use `kernels` for this process from now on (`LinearKernels(enabled=False)`: torch's own
     everywhere); returns the ones it replaces."""
