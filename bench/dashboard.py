@@ -37,7 +37,7 @@ BENCH_DB = "specops_bench_dashboard"
 CHUNK = 1_000_000
 
 RAW_SCAN_QUERIES = [
-    # the old specops.ops.dashboard.hourly_latency_percentiles
+    # the old ops.dashboard.hourly_latency_percentiles
     """SELECT date_trunc('hour', requested_at) AS hour,
               percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
               percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms),
@@ -191,7 +191,7 @@ def load(args, now: dt.datetime) -> dict:
 
 
 def build_rollups(start: dt.datetime, now: dt.datetime) -> None:
-    from specops.ops.rollups import aggregate_span, backfill_api, floor_hour, floor_minute, roll_hours, roll_up
+    from ops.rollups import aggregate_span, backfill_api, floor_hour, floor_minute, roll_hours, roll_up
 
     started = time.perf_counter()
     first, end = floor_minute(start), floor_minute(now)

@@ -106,7 +106,7 @@ def load_pair(args: argparse.Namespace):
         if not (directory / "config.json").is_file():
             sys.exit(f"error: no model in {directory}; build the demo pair first "
                      "(python manage.py build_demo_models)")
-    from inference.engine.loading import load_model_pair
+    from inference.engine.models.loading import load_model_pair
 
     target, draft = load_model_pair(target_dir, draft_dir, device=args.device)
     return target.model, draft.model, target.tokenizer
@@ -115,7 +115,7 @@ def load_pair(args: argparse.Namespace):
 def load_weak_draft(args: argparse.Namespace, draft):
     """The weak draft (built and cached on first use), on the demo draft's device."""
     from bench.weak_draft import build_weak_draft
-    from inference.engine.loading import load_causal_lm
+    from inference.engine.models.loading import load_causal_lm
 
     directory = build_weak_draft(Path(args.model_dir), args.weak_steps,
                                  threads=max(1, torch.get_num_threads()),

@@ -104,7 +104,7 @@ def prepare() -> None:
 
     from inference.registry import register_pair
     from metadata.sessions import token_stream
-    from tests.tiny_models import build_tiny_pair
+    from inference.demo.tiny_models import build_tiny_pair
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)

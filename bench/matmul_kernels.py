@@ -1,5 +1,5 @@
 """Linear kernels benchmark: the demo pair's forwards with torch's own products and with oneDNN's
-where the engine chose it (inference/engine/linear_kernels.py), interleaved, one run.
+where the engine chose it (inference/engine/models/linear_kernels.py), interleaved, one run.
 
     .venv/bin/python bench/matmul_kernels.py [--model-dir models] [--repeats 7]
 
@@ -27,8 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference.engine.linear_kernels import LinearKernels, onednn_available, set_linear_kernels  # noqa: E402
-from inference.engine.ragged_cache import RaggedCache, RowInput  # noqa: E402
+from inference.engine.models.linear_kernels import LinearKernels, onednn_available, set_linear_kernels  # noqa: E402
+from inference.engine.kv.ragged import RaggedCache, RowInput  # noqa: E402
 
 # (name, model, rows, new tokens, cached tokens per row, logits kept)
 SHAPES = (
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
-    from inference.engine.loading import load_model_pair
+    from inference.engine.models.loading import load_model_pair
 
     model_dir = Path(args.model_dir)
     if not (model_dir / "demo-target" / "config.json").is_file():

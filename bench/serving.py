@@ -47,8 +47,8 @@ from inference.engine import (  # noqa: E402
     SpeculativeDecoder,
     build_drafter,
 )
-from inference.engine.batch import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
-from inference.engine.policy import SpeculationPolicy  # noqa: E402
+from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
+from inference.engine.batch.policy import SpeculationPolicy  # noqa: E402
 from inference.worker.metrics import inter_token_gaps  # noqa: E402
 
 NO_EOS = ()
@@ -289,12 +289,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.linear_kernels == "torch":
-        from inference.engine.linear_kernels import LinearKernels, set_linear_kernels
+        from inference.engine.models.linear_kernels import LinearKernels, set_linear_kernels
 
         set_linear_kernels(LinearKernels(enabled=False))
         os.environ["SPECOPS_ONEDNN_LINEAR"] = "false"  # the API run's worker inherits it
     from inference.demo.prompts import load_heldout_prompts
-    from inference.engine.loading import load_model_pair
+    from inference.engine.models.loading import load_model_pair
 
     model_dir = Path(args.model_dir)
     if not (model_dir / "demo-target" / "config.json").is_file():

@@ -96,7 +96,7 @@ def prepare(args) -> tuple[str, str]:
 
     from inference.registry import register_pair
     from metadata.models import Tenant, TenantMembership
-    from tests.tiny_models import build_tiny_pair
+    from inference.demo.tiny_models import build_tiny_pair
 
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     call_command("migrate", verbosity=0)

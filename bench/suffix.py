@@ -122,7 +122,7 @@ def load_pair(args: argparse.Namespace):
         if not (directory / "config.json").is_file():
             sys.exit(f"error: no model in {directory}; build the demo pair first "
                      "(python manage.py build_demo_models)")
-    from inference.engine.loading import load_model_pair
+    from inference.engine.models.loading import load_model_pair
 
     return load_model_pair(target_dir, draft_dir, device=args.device)
 

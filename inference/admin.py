@@ -34,8 +34,8 @@ from inference.variant_builds import VariantBuildError, build_variant
 from inference.submission import QueueUnavailable, submit_generation
 from metadata import admin as metadata_admin
 from metadata.models import OpsRollup, RollupWidth, Session
-from specops.ops import session_view
-from specops.ops.svg_charts import PALETTE, Series, line_chart
+from metadata.sessions import detail_page as session_view
+from core.charts import PALETTE, Series, line_chart
 
 logger = logging.getLogger(__name__)
 ACCEPTANCE_DAYS = 7

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specops.conf_base import AppSettings, Setting
+from core.conf_base import AppSettings, Setting
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ SETTINGS = (
             "64, or 8 on a CPU in the shared mode)"),
     Setting("SPECOPS_ONEDNN_LINEAR", bool, True,
             "run large linear products on oneDNN where measured bit-exact and faster than torch's BLAS "
-            "(inference/engine/linear_kernels.py; off: torch's own everywhere)"),
+            "(inference/engine/models/linear_kernels.py; off: torch's own everywhere)"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
     Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),

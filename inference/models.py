@@ -1,6 +1,6 @@
 """The model registry: versions of target and draft models, where they run, which is live.
 
-A version may have optimised variants (int8, bf16, compiled: see ``inference.engine.variants``).
+A version may have optimised variants (int8, bf16, compiled: see ``inference.engine.models.variants``).
 A variant is a version of its own (``seed0+int8``) with ``base`` pointing at the version it was
 built from, so it is served, cached, listed and promoted exactly like any version.
 """

@@ -14,7 +14,7 @@ from django.db import transaction
 from transformers import AutoConfig
 
 from inference.conf import conf
-from inference.engine.loading import (
+from inference.engine.models.loading import (
     ModelLoadError,
     check_pair_directories,
     model_context_length,

@@ -9,7 +9,7 @@ from rest_framework.exceptions import APIException
 
 from metadata.models import Session, SessionStatus
 from metadata.sessions.state import invalidate_session
-from specops.ops.latency_budget import measure
+from core.latency_budget import measure
 
 logger = logging.getLogger(__name__)
 

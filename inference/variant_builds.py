@@ -1,7 +1,7 @@
 """Build an optimised variant of a registered version and register it beside its base.
 
 Shared by ``manage.py build_variants`` and the registry admin's actions. The torch side (how a
-variant is made, stored and loaded) is ``inference.engine.variants``; this module records the
+variant is made, stored and loaded) is ``inference.engine.models.variants``; this module records the
 result: a ModelVersion ``<version>+<kind>`` with ``base``, ``recipe`` and the figures measured at
 build (size, forward latency at 1 and 5 new tokens, top-1 agreement with the base on held-out
 prompts). The variant stays staged until someone promotes it.
@@ -16,9 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference.conf import conf
-from inference.engine.loading import ModelLoadError, load_causal_lm
-from inference.engine.variant_dirs import build_variant_dir
-from inference.engine.variants import VARIANT_KINDS, VariantError, measure_variant, model_size_bytes
+from inference.engine.models.loading import ModelLoadError, load_causal_lm
+from inference.engine.models.variant_dirs import build_variant_dir
+from inference.engine.models.variants import VARIANT_KINDS, VariantError, measure_variant, model_size_bytes
 from inference.models import ModelRole, ModelVersion
 
 logger = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ from metadata.archival.families import archived_days
 from metadata.partitions import PartitionError, PartitionRotation, catalog
 from metadata.partitions.lifecycle import PartitionPolicy
 from metadata.partitions.recent_index import existing_indexes
-from specops.ops import session_view
-from specops.ops.session_actions import cancel_sessions
+from metadata.sessions import detail_page as session_view
+from metadata.sessions.cancel import cancel_sessions
 
 
 @admin.register(Tenant)
@@ -58,7 +58,7 @@ class SessionAdmin(admin.ModelAdmin):
     """Sessions, read-only: generated data is never added, changed or deleted from the admin.
 
     The page of one session shows its tokens coloured by kind, each step's draft tree, acceptance
-    per position, timings and links (``specops.ops.session_view``). Actions: cancel (staff with
+    per position, timings and links (``metadata.sessions.detail_page``). Actions: cancel (staff with
     ``metadata.change_session``); ``inference.admin`` adds re-run (``metadata.add_session``).
     """
 

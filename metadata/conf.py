@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specops.conf_base import AppSettings, Setting
+from core.conf_base import AppSettings, Setting
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

@@ -354,9 +354,9 @@ class OpsRollup(models.Model):
 
     ``series`` names what was aggregated and ``key`` its label (a drafter, a device queue, a
     cache tier, a replica, a status class). ``count``, ``total`` and the latency histogram
-    ``buckets`` (counts over the fixed edges of ``specops.ops.histograms``) merge by addition, and
+    ``buckets`` (counts over the fixed edges of ``core.histograms``) merge by addition, and
     ``values`` holds further sums (``*_max`` merge by max, lists element-wise), so minutes add up
-    into hours and hours into any window. Written by ``specops.ops.rollups``; each series is
+    into hours and hours into any window. Written by ``ops.rollups``; each series is
     described there.
     """
 

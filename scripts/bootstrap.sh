@@ -6,7 +6,7 @@ PYTHON=${PYTHON:-python3}
 
 # Tools the tests call: promtool (checks the alert rules), systemd-analyze (the unit files) and
 # Debian's chromium (the browser tests drive it through Playwright; Playwright's own browser
-# download is never used: tests/test_admin_browser.py launches /usr/bin/chromium).
+# download is never used: tests/ops/test_admin_browser.py launches /usr/bin/chromium).
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v systemd-analyze >/dev/null || missing+=(systemd)

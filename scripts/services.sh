@@ -144,7 +144,7 @@ pg_restart_for() { # pg_restart_for WHAT: restart the primary for settings only 
   notes+=", restarted for $1"
 }
 replica_configure() { # idempotent; restarts a running replica only if its settings changed
-  local conf=$R_ETC/conf.d/90-specops.conf want p hba
+  local conf=$R_ETC/conf.d/90-core.conf want p hba
   # A hot standby refuses to start with these below the primary's values, so copy them.
   want=$(echo "# written by specops scripts/services.sh"
     echo "port = $REPLICA_PORT"; echo "listen_addresses = '$PG_HOST'"; echo "hot_standby = on"

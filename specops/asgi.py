@@ -7,7 +7,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
-from specops.tracing import configure_tracing
+from core.tracing import configure_tracing
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 # Before the application loads its middleware: the Django instrumentation inserts its own.

@@ -13,33 +13,13 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
 from kombu import Queue
 
-from specops.conf import cuda_visible_devices, prometheus_multiproc_dir
+from core.conf import prometheus_multiproc_dir
+from core.queues import CPU_QUEUE, MAINTENANCE_QUEUE, gpu_queue, visible_gpu_count  # noqa: F401  (re-exported)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 
 app = Celery("specops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-
-CPU_QUEUE = "cpu"
-MAINTENANCE_QUEUE = "maintenance"
-
-
-def gpu_queue(index: int) -> str:
-    return f"gpu.{index}"
-
-
-def visible_gpu_count() -> int:
-    """Count CUDA devices without importing torch in processes that never run a model."""
-    visible = cuda_visible_devices()
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() not in ("", "-1")])
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # no torch or no driver: a CPU host
-        return 0
-
 
 app.conf.update(
     # gpu.N queues are declared on demand (task_create_missing_queues) by the workers that own them.
@@ -113,7 +93,7 @@ def set_visibility_timeout(sender: Celery, **kwargs) -> None:
 def start_tracing(**kwargs) -> None:
     """Tracing per worker process (SPECOPS_TRACING; nothing when off): worker_init for the threads
     and solo pools, worker_process_init in each prefork child. Idempotent."""
-    from specops.tracing import configure_tracing
+    from core.tracing import configure_tracing
 
     configure_tracing("specops-worker")
 

@@ -1,7 +1,7 @@
 """SpecOps settings: everything comes from the environment (README lists every variable).
 
 Misconfiguration that Django can still boot with (a replica URL that does not parse, say) is
-collected in ``CONFIG_ERRORS`` and reported by the system checks in ``specops.checks``; a missing
+collected in ``CONFIG_ERRORS`` and reported by the system checks in ``core.checks``; a missing
 SECRET_KEY with DEBUG off is refused at once, and so is a throttle rate that does not parse.
 
 DEBUG is off unless the environment turns it on: a traceback page shows database hosts and
@@ -18,10 +18,10 @@ from django.core.exceptions import ImproperlyConfigured
 
 from inference.conf import SETTINGS as INFERENCE_SETTINGS
 from metadata.conf import SETTINGS as METADATA_SETTINGS
-from specops.conf import SETTINGS as PROJECT_SETTINGS
-from specops.conf_base import read_declared
-from specops.database_config import database_settings
-from specops.tracing import exporter_error
+from core.conf import SETTINGS as PROJECT_SETTINGS
+from core.conf_base import read_declared
+from core.database_config import database_settings
+from core.tracing import exporter_error
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 INSECURE_SECRET_KEY = "insecure-dev-key-change-me"
@@ -38,11 +38,11 @@ SECRET_KEY = SECRET_KEY or INSECURE_SECRET_KEY
 if not DEBUG and SECRET_KEY == INSECURE_SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set to a secret value when DEBUG is off "
                                "(or run `make run` once: it writes var/secret_key).")
-# A larger body is a JSON 413 that names this limit (specops.middleware.BodySizeLimitMiddleware).
+# A larger body is a JSON 413 that names this limit (core.middleware.BodySizeLimitMiddleware).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=2_621_440)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 
-CONFIG_ERRORS: list[tuple[str, str, str]] = []  # (check id, message, hint) for specops.checks
+CONFIG_ERRORS: list[tuple[str, str, str]] = []  # (check id, message, hint) for core.checks
 
 DATABASES, DATABASE_REPLICAS = database_settings(
     primary_url=env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/specops"),
@@ -91,15 +91,16 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "django_celery_beat",
     "django_prometheus",
+    "core.apps.CoreConfig",
     "metadata",
     "inference",
-    "specops.apps.SpecOpsConfig",
+    "ops.apps.OpsConfig",
 ]
 
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     # First after the metrics: a body over DATA_UPLOAD_MAX_MEMORY_SIZE is a JSON 413 before any work.
-    "specops.middleware.BodySizeLimitMiddleware",
+    "core.middleware.BodySizeLimitMiddleware",
     # Every statement of the request ends with /* specops:view=<url name> */ (pg_stat_statements).
     "metadata.insights.tagging.SqlTagMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -152,18 +153,18 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "specops.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "core.api_errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     # JSON that nests too deeply is a 400 naming the body, not a RecursionError 500.
     "DEFAULT_PARSER_CLASSES": [
-        "specops.parsers.JSONParser",
+        "core.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     # Per token and per tenant, counted in Redis (the "default" cache); rates: SPECOPS_THROTTLE_*.
     "DEFAULT_THROTTLE_CLASSES": [
-        "specops.throttles.UserRateThrottle",
-        "specops.throttles.TenantRateThrottle",
+        "core.throttles.UserRateThrottle",
+        "core.throttles.TenantRateThrottle",
     ],
 }
 SPECTACULAR_SETTINGS = {

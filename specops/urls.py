@@ -2,13 +2,13 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from specops.ops.views import dashboard, latency_budget
+from ops.views import dashboard, latency_budget
 
-# Errors are JSON in the called API's shape, never a traceback or an HTML page (specops.error_views).
-handler400 = "specops.error_views.bad_request"
-handler403 = "specops.error_views.permission_denied"
-handler404 = "specops.error_views.page_not_found"
-handler500 = "specops.error_views.server_error"
+# Errors are JSON in the called API's shape, never a traceback or an HTML page (core.error_views).
+handler400 = "core.error_views.bad_request"
+handler403 = "core.error_views.permission_denied"
+handler404 = "core.error_views.page_not_found"
+handler500 = "core.error_views.server_error"
 
 urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard), name="specops-dashboard"),

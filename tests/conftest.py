@@ -69,7 +69,7 @@ def tiny_model_dirs():
     """A tiny random GPT-2 target/draft pair with a real tokenizer, built once (seconds)."""
     from django.conf import settings
 
-    from tests.tiny_models import build_tiny_pair
+    from inference.demo.tiny_models import build_tiny_pair
 
     return build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
 

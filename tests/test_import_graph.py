@@ -1,11 +1,16 @@
-"""The apps' import graph has no cycle, and nothing in ``metadata`` imports ``inference``.
+"""The packages' import graph has no cycle, and layers only point down.
 
-Built from the source with ``ast`` (nothing is imported), over every ``.py`` file under
-``specops/``, ``metadata/`` and ``inference/``. An edge is any import statement anywhere in a
+Floors, bottom up: ``core`` (what every app uses), ``metadata``, ``inference``, ``ops`` (operator
+views of the whole platform), ``specops`` (the project shell: settings, urls, the Celery app,
+asgi/wsgi). A module may import its own floor's package and the floors below it, never a floor
+above (so nothing in ``metadata`` imports ``inference``, and nothing imports ``specops``).
+
+Built from the source with ``ast`` (nothing is imported), over every ``.py`` file under the five
+packages. An edge is any import statement anywhere in a
 module: at module level, inside a function (a deferred import still ties the two modules
 together), or under ``if TYPE_CHECKING:``. ``from X import Y`` is an edge to ``X.Y`` when ``Y``
 is a submodule, else to ``X``; ``import X.Y`` is an edge to ``X.Y``. Imports of anything outside
-the three apps are not edges.
+the five packages are not edges.
 
 Nothing is excluded: migrations and the shim modules kept for them
 (``metadata/migration_operations.py``, ``metadata/schedule.py``) are part of no cycle, so they
@@ -18,7 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("specops", "metadata", "inference")
+FLOORS = ("core", "metadata", "inference", "ops", "specops")  # bottom up
+APPS = FLOORS
 
 # module -> {imported module: line of the first import statement that makes the edge}
 Graph = dict[str, dict[str, int]]
@@ -184,3 +190,27 @@ def test_the_graph_sees_deferred_relative_and_submodule_imports(tmp_path):
     [component] = strongly_connected(graph)
     assert component == ["app.a", "app.b", "app.c"]
     assert one_cycle(graph, component) == ["app.a", "app.b", "app.c", "app.a"]
+
+
+def test_layers_only_point_down():
+    modules = app_modules(ROOT, APPS)
+    graph = import_graph(modules)
+    floor = {name: level for level, name in enumerate(FLOORS)}
+    arrows = sorted(
+        f"{module} -> {target} ({modules[module].relative_to(ROOT)}:{line})"
+        for module, edges in graph.items()
+        for target, line in edges.items()
+        if floor[target.split(".")[0]] > floor[module.split(".")[0]]
+    )
+    print("\n".join(arrows))
+    assert not arrows, "imports that run up a floor:\n" + "\n".join(arrows)
+
+
+def test_the_floor_check_sees_an_upward_import(tmp_path):
+    """The checker itself: core importing metadata inside a function is an upward arrow."""
+    for name, text in {"core/__init__.py": "", "core/a.py": "def later():\n    from metadata import b\n",
+                       "metadata/__init__.py": "", "metadata/b.py": "import core.a\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(app_modules(tmp_path, ["core", "metadata"]))
+    assert graph["core.a"] == {"metadata.b": 2} and graph["metadata.b"] == {"core.a": 1}

@@ -11,7 +11,7 @@ from django.test import Client
 
 from inference.api import views as rest_views
 from inference.api.openai import views as openai_views
-from tests.test_configuration import ROOT
+from tests.core.test_configuration import ROOT
 
 SECRET_HOST = "db-secret-host.internal"
 

@@ -16,7 +16,7 @@ from inference.engine.drafters import (
 from inference.engine.errors import ConfigError
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from inference.registry import DEMO_NAME, pending_build
-from specops.api_errors import ModelBuilding
+from core.api_errors import ModelBuilding
 
 # Sampling bounds that keep the worker's arithmetic meaningful (the engine's warping is finite for
 # any positive value, but below these a request is greedy in all but name): 0 means greedy.

@@ -18,8 +18,8 @@ from inference.api.serializers import (
 from inference.models import ModelVersion
 from inference.submission import submit_generation
 from metadata.api.tenancy import tenant_of
-from specops.ops.latency_budget import measure
-from specops.throttles import GenerationRateThrottle
+from core.latency_budget import measure
+from core.throttles import GenerationRateThrottle
 
 
 class GenerationViewSet(viewsets.GenericViewSet):

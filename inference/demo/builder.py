@@ -51,7 +51,7 @@ from inference.demo.training import (
     greedy_acceptance,
     train_language_model,
 )
-from inference.engine.loading import load_causal_lm
+from inference.engine.models.loading import load_causal_lm
 
 __all__ = [
     "PHASES",

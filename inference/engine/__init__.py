@@ -11,8 +11,8 @@ at the target's own EOS. `DRAFTERS` is the registry of drafter names and the set
 """
 
 from inference.engine.config import DraftConfig, GenerationConfig
-from inference.engine.decoder import SpeculativeDecoder, check_prompt, resolve_eos
-from inference.engine.draft_tree import DraftTree
+from inference.engine.decode.decoder import SpeculativeDecoder, check_prompt, resolve_eos
+from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters import (
     AUTO,
     DRAFTER_KINDS,
@@ -30,7 +30,7 @@ from inference.engine.errors import (
     PromptTooLongError,
     UnsupportedModelError,
 )
-from inference.engine.loading import (
+from inference.engine.models.loading import (
     LoadedModel,
     ModelLoadError,
     check_pair_compatible,
@@ -39,10 +39,10 @@ from inference.engine.loading import (
     load_causal_lm,
     load_model_pair,
 )
-from inference.engine.modeling import draftable_ids
+from inference.engine.models.modeling import draftable_ids
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.stats import GenerationStats
-from inference.engine.target_only import generate_plain
+from inference.engine.decode.target_only import generate_plain
 
 __all__ = [
     "AUTO",

@@ -28,15 +28,15 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from inference.conf import conf
-from inference.engine.batch import BatchedSpeculativeEngine, RowEvent
-from inference.engine.policy import SpeculationPolicy
+from inference.engine.batch.engine import BatchedSpeculativeEngine, RowEvent
+from inference.engine.batch.policy import SpeculationPolicy
 from inference.worker import metrics
 from inference.worker.recording import BatchRecorder, PendingFlush
 from inference.worker.session_job import SessionEnd, SessionJob, session_end, write_end
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
 from metadata.models import Session, SessionStatus
 from metadata.sessions import token_stream
-from specops import tracing
+from core import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class DeviceBatchLoop:
             self._end([(job, event.step.finish_reason, event.error, event) for job, event in finished])
 
     def _trace_step(self, engine: BatchedSpeculativeEngine, events: list[RowEvent]) -> None:
-        """Each session's copy of the step's spans, with the engine's measured times (specops.tracing)."""
+        """Each session's copy of the step's spans, with the engine's measured times (core.tracing)."""
         timing = engine.last_step_timing
         if timing is None:
             return

@@ -82,7 +82,7 @@ FORWARD_SECONDS = Histogram(
     "specops_forward_seconds", "Wall time of one forward of the batching loop.", ["kind"],
     buckets=FORWARD_BUCKETS,
 )
-# the prefill lane's forwards (separate prefill mode, inference/engine/batch_prefill.py) apart
+# the prefill lane's forwards (separate prefill mode, inference/engine/batch/prefill.py) apart
 FORWARD_KINDS = ("target", "draft", "prefill", "draft_prefill")
 
 # ---------------------------------------------------------------------------- speculation

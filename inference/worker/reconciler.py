@@ -36,7 +36,7 @@ from metadata.models import Session, SessionStatus
 from metadata.partitions import advisory_lock
 from metadata.replicas.lsn import primary_only
 from metadata.sessions.state import invalidate_session
-from specops.database_config import maintenance_alias
+from core.database_config import maintenance_alias
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from metadata.sessions.state import invalidate_session
 from metadata.sessions.writers import BatchWriter
 
 if TYPE_CHECKING:  # the engine (torch) loads only where sessions run, not where they end
-    from inference.engine.batch import RowEvent
+    from inference.engine.batch.engine import RowEvent
 
 # PostgreSQL text cannot hold NUL (0x00), which a model may generate. Token ids are the truth;
 # the text column and each token's piece show NUL as U+2400 (SYMBOL FOR NULL) instead.

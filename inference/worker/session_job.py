@@ -22,11 +22,11 @@ from inference.conf import conf
 from inference.worker import metrics
 from inference.worker.recording import SessionRecorder, finish_session
 from metadata.models import Session, SessionStatus
-from specops import tracing
-from specops.ops import latency_budget
+from core import tracing
+from core import latency_budget
 
 if TYPE_CHECKING:
-    from inference.engine.batch import BatchRequest, RowEvent
+    from inference.engine.batch.engine import BatchRequest, RowEvent
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class SessionJob:
     recorder: SessionRecorder
     done: threading.Event = field(default_factory=threading.Event)
     status: str = ""
-    trace: tracing.SessionTrace | None = None  # its spans, while tracing is on (specops.tracing)
+    trace: tracing.SessionTrace | None = None  # its spans, while tracing is on (core.tracing)
 
     @property
     def pair(self) -> tuple[int, int | None]:

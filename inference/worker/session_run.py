@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from inference.conf import conf
 from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
-from inference.engine.batch import BatchRequest
+from inference.engine.batch.engine import BatchRequest
 from inference.worker import metrics, suffix_feed
 from inference.worker.batching_loop import device_loop
 from inference.worker.recording import TERMINAL, SessionRecorder, finish_session

@@ -29,12 +29,12 @@ from metadata.archival.families import archived_session_job
 from metadata.models import Candidate, Session, TokenRecord
 from metadata.sessions import history, token_stream
 from metadata.sessions.state import get_session_detail, get_session_state
-from specops.api_errors import Conflict, Gone
-from specops.async_views import Refused, authorize, run_db
-from specops.conf import conf as project_conf
-from specops.error_views import error_response
-from specops.ops.session_actions import cancel_sessions
-from specops.sse import HEARTBEAT, sse_message, sse_response
+from core.api_errors import Conflict, Gone
+from metadata.api.async_views import Refused, authorize, run_db
+from core.conf import conf as project_conf
+from core.error_views import error_response
+from metadata.sessions.cancel import cancel_sessions
+from core.sse import HEARTBEAT, sse_message, sse_response
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from metadata.insights.hot_queries import ORDERS, hot_queries, with_plans
 from metadata.insights.snapshots import MARKER_QUERYID, database_aliases
 from metadata.insights.window import WINDOW_CHOICES_HOURS, Window
 from metadata.models import StatementBaseline
-from specops.ops.svg_charts import Series, bar_chart, line_chart
+from core.charts import Series, bar_chart, line_chart
 
 LIMIT = 20
 COLORS = ("#417690", "#ba2121", "#5b8c2a", "#b36b00", "#6a3d9a")

@@ -1,4 +1,4 @@
-"""The per-minute and per-hour operational rollups the admin dashboard reads (specops.ops.rollups)."""
+"""The per-minute and per-hour operational rollups the admin dashboard reads (ops.rollups)."""
 import django.contrib.postgres.fields
 import django.utils.timezone
 from django.db import migrations, models

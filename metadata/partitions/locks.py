@@ -33,7 +33,7 @@ from metadata.partitions.errors import (
     LockRetriesExhausted,
     MaintenanceLockBusy,
 )
-from specops.database_config import maintenance_alias
+from core.database_config import maintenance_alias
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

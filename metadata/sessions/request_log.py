@@ -18,7 +18,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from metadata.models import OpsRollup, RequestLog, RollupWidth
-from specops.ops.histograms import N_BUCKETS, bucket_of
+from core.histograms import N_BUCKETS, bucket_of
 
 logger = logging.getLogger(__name__)
 LOGGED_PREFIX = "/api/v1/"

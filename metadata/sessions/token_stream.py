@@ -154,7 +154,7 @@ def async_client() -> redis.asyncio.Redis:
     loop = asyncio.get_running_loop()
     client_ = _async_clients.get(loop)
     if client_ is None:
-        from specops.conf import conf
+        from core.conf import conf
 
         # One connection per open stream (each blocks in XREAD on its own key, woken by Redis when
         # that key grows); no socket timeout: a read blocks server-side up to a heartbeat interval.

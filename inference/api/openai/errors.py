@@ -1,4 +1,4 @@
-"""Errors of the /v1/ API, in OpenAI's shape (``specops.error_views.openai_error_body``).
+"""Errors of the /v1/ API, in OpenAI's shape (``core.error_views.openai_error_body``).
 
 Clients of the OpenAI protocol read ``error.message`` and branch on the HTTP status and
 ``error.code``; ``param`` names the request field at fault (None when no field is).
@@ -9,7 +9,7 @@ from typing import Any
 
 from django.http import JsonResponse
 
-from specops.error_views import openai_error_body
+from core.error_views import openai_error_body
 
 
 class OpenAIError(Exception):

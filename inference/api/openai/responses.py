@@ -11,7 +11,7 @@ from typing import Any
 
 from inference.api.openai.serializers import CHAT
 
-# SpecOps finish reasons (inference.engine.stopping) -> OpenAI's.
+# SpecOps finish reasons (inference.engine.decode.stopping) -> OpenAI's.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
 
 

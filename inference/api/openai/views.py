@@ -45,11 +45,11 @@ from inference.registry import pending_build
 from inference.submission import QueueUnavailable, submit_generation
 from metadata.models import SessionStatus
 from metadata.sessions import history, token_stream
-from specops.async_views import Caller, Refused, authorize, run_db
-from specops.conf import conf as project_conf
-from specops.ops.latency_budget import measure, observe
-from specops.parsers import BodyNotJSON, loads_json
-from specops.sse import HEARTBEAT, sse_response
+from metadata.api.async_views import Caller, Refused, authorize, run_db
+from core.conf import conf as project_conf
+from core.latency_budget import measure, observe
+from core.parsers import BodyNotJSON, loads_json
+from core.sse import HEARTBEAT, sse_response
 
 DONE = "data: [DONE]\n\n"
 

@@ -9,8 +9,8 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
-from inference.engine.draft_tree import DraftTree
-from inference.engine.sampling import SamplingParams
+from inference.engine.decode.draft_tree import DraftTree
+from inference.engine.decode.sampling import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -18,17 +18,17 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
-from inference.engine.draft_tree import DraftTree
+from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters.base import Drafter, DraftRequest
-from inference.engine.kv_cache import new_cache, truncate_cache
-from inference.engine.modeling import (
+from inference.engine.kv.rollback import new_cache, truncate_cache
+from inference.engine.models.modeling import (
     align_vocab,
     context_length,
     draftable_ids,
     forward_logits,
     input_vocab_size,
 )
-from inference.engine.sampling import warp_probs
+from inference.engine.decode.sampling import warp_probs
 
 
 class DraftModelRunner:

@@ -9,7 +9,7 @@ so the tree carries no draft distribution and the verifier treats them as point 
 from __future__ import annotations
 
 from inference.engine.config import DraftConfig
-from inference.engine.draft_tree import DraftTree
+from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters.base import Drafter, DraftRequest
 
 

@@ -27,8 +27,8 @@ from inference.engine.drafters.ngram import NgramDrafter
 from inference.engine.drafters.suffix import SuffixDrafter
 from inference.engine.drafters.tree import TreeDrafter
 from inference.engine.errors import ConfigError
-from inference.engine.loading import LoadedModel, check_pair_compatible, unwrap_model
-from inference.engine.modeling import logits_width
+from inference.engine.models.loading import LoadedModel, check_pair_compatible, unwrap_model
+from inference.engine.models.modeling import logits_width
 
 AUTO = "auto"
 

@@ -33,7 +33,7 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 
 from inference.engine.config import DraftConfig
-from inference.engine.draft_tree import DraftTree
+from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.errors import ConfigError
 

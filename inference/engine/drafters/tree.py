@@ -29,12 +29,12 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.config import DraftConfig
-from inference.engine.draft_tree import DraftTree
+from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.calibration import AcceptanceCalibration, SiblingCalibration
 from inference.engine.drafters.draft_model import ModelBackedDrafter
 from inference.engine.drafters.tree_plan import KnownSlots, plan_round
-from inference.engine.sampling import warp_probs
+from inference.engine.decode.sampling import warp_probs
 
 ROOT = -1  # the context's last token, parent of the tree's first level
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.variants import VARIANT_KINDS
+from inference.engine.models.variants import VARIANT_KINDS
 from inference.models import ModelRole, ModelVersion
 from inference.variant_builds import VariantBuildError, build_variant
 

@@ -1,0 +1,35 @@
+"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, W002)."""
+from __future__ import annotations
+
+from django.core.checks import Error, Warning, register
+
+from inference.conf import conf as inference_conf
+
+# inference.engine.batch.prefill's modes, and auto; written out so a web process's checks never
+# import the engine (and torch)
+PREFILL_MODES = ("auto", "shared", "separate")
+
+
+@register()
+def check_prefill_mode(app_configs=None, **kwargs) -> list:
+    """SPECOPS_PREFILL names a prefill mode; a typo would otherwise fail every session of a worker."""
+    mode = inference_conf.PREFILL
+    if mode not in PREFILL_MODES:
+        return [Error(f"SPECOPS_PREFILL {mode!r} is not a prefill mode.",
+                      hint=f"Use one of: {', '.join(PREFILL_MODES)}.", id="specops.E003")]
+    return []
+
+
+@register()
+def check_model_dir(app_configs=None, **kwargs) -> list:
+    """Warn when SPECOPS_MODEL_DIR points at a file: workers could never load a model from it."""
+    model_dir = inference_conf.MODEL_DIR
+    if model_dir.exists() and not model_dir.is_dir():
+        return [
+            Warning(
+                f"SPECOPS_MODEL_DIR {model_dir} is not a directory.",
+                hint="Point SPECOPS_MODEL_DIR at a directory of save_pretrained model folders.",
+                id="specops.W002",
+            )
+        ]
+    return []

@@ -1,0 +1,461 @@
+"""Continuous batching of speculative decoding: many sequences share every forward.
+
+`BatchedSpeculativeEngine` holds up to `max_rows` generations. Each `step()`:
+1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
+   or cancelled; in the separate prefill mode (a CPU's default, batch_prefill.py) feeds the
+   newcomers' prompts in a forward of their own and moves those done into the batch;
+2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
+3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
+   over the draft's KV cache, batch_chains.py); `tree`, `ngram` and `suffix` rows draft with
+   their own drafters;
+4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
+   feeds its pending token plus its draft tree; in the shared prefill mode (a GPU's default) a
+   newcomer feeds the next chunk of its prompt in that forward. Either way a newcomer takes at
+   most `prefill_chunk` prompt tokens a step beside decoding rows, so a long prompt never
+   stalls them, and `solo_prefill_chunk` when no row decodes;
+5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row.
+
+Invariant between steps, per row: the target cache holds every context token but the last
+(the pending token). Output is exactly what `SpeculativeDecoder` gives alone: the same
+verifier (greedy or the rejection rule), the same stop rules, per-row seeded generators, and
+a row's hidden states depend only on its own tokens (the mask hides every other row and hole).
+
+A seeded sampled row drafts on its own adaptive schedule, not the policy's batch-dependent
+depth, so its tokens do not depend on its companions; greedy rows follow the policy freely
+(their output does not depend on the draft at all).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import replace
+
+import torch
+from transformers import PreTrainedModel
+
+from inference.engine.batch.rows import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_TIMEOUT,
+    BatchRequest,
+    BatchRow,
+    RowEvent,
+    StepTiming,
+    default_prefill_chunk,
+)
+from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
+from inference.engine.decode.decoder import branches_of, check_prompt, reseed_at, resolve_eos
+from inference.engine.decode.draft_length import DraftLengthSchedule
+from inference.engine.decode.draft_tree import DraftTree
+from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_drafter
+from inference.engine.drafters.base import DraftRequest
+from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
+from inference.engine.errors import ConfigError
+from inference.engine.models.linear_kernels import prepare_kernels
+from inference.engine.models.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
+from inference.engine.models.modeling import context_length, logits_width
+from inference.engine.outputs import GenerationResult, StepOutput
+from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
+from inference.engine.kv.ragged import RaggedCache, RowInput
+from inference.engine.decode.sampling import warp_probs
+from inference.engine.decode.stopping import StopCondition
+from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
+
+class BatchedSpeculativeEngine(ChainDrafting, PrefillLane):
+    """Runs many generations in shared forwards; add requests at any time, call `step()`.
+
+    target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
+    be None. Two LoadedModels are checked to be a compatible pair. decode: ids -> text, needed
+    for stop strings (default: the target's tokenizer). policy: None uses a SpeculationPolicy.
+    prefill: "shared" or "separate" (batch_prefill.py); None chooses by device.
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel | PreTrainedModel,
+        draft: LoadedModel | PreTrainedModel | None = None,
+        decode: Callable[[list[int]], str] | None = None,
+        policy: SpeculationPolicy | None = None,
+        max_rows: int = 16,
+        prefill_chunk: int | None = None,
+        solo_prefill_chunk: int = 256,
+        prefill: str | None = None,
+    ) -> None:
+        if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
+            check_pair_compatible(target, draft)
+        self.decode = decode or decode_of(target)
+        target, draft = unwrap_model(target), unwrap_model(draft) if draft is not None else None
+        self.target = target
+        self.draft = draft
+        self.policy = policy or SpeculationPolicy()
+        self.max_rows = max_rows
+        # prompt tokens a newcomer feeds per step beside decoding rows, and when no row decodes
+        self.prefill = prefill or default_prefill_mode(target.device)
+        if self.prefill not in PREFILL_MODES:
+            raise ConfigError(f"prefill: must be one of {', '.join(PREFILL_MODES)}, got {self.prefill!r}")
+        self.prefill_chunk = prefill_chunk or default_prefill_chunk(target.device, self.prefill)
+        self.solo_prefill_chunk = max(self.prefill_chunk, solo_prefill_chunk)
+        self._chunk = self.prefill_chunk  # this step's
+        self._forward_seconds = 0.0  # this step's, so far
+        self.device = target.device
+        self.vocab_width = logits_width(target)
+        self.context_length = context_length(target)
+        self.draft_vocab = draft.get_input_embeddings().num_embeddings if draft is not None else 0
+        self.draft_context = context_length(draft) if draft is not None else 0
+        prepare_kernels(target, draft)  # measured now, not inside a timed forward
+        self.target_cache = RaggedCache(target)
+        self.draft_cache = RaggedCache(draft) if draft is not None else None
+        self.rows: list[BatchRow] = []  # target cache row i is rows[i]
+        self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
+        self._init_prefill_lane()
+        self.waiting: deque[BatchRow] = deque()
+        self._cancelled: set[Hashable] = set()
+        self.steps = 0
+        self.last_decision = None
+        self.tree_calibrations = TreeCalibrations()  # what tree drafters learn, kept across requests
+        self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
+        # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
+        self.forward_log: list[tuple[str, int, int, float]] = []  # kinds: see _log_forward
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def drafter_kinds(self) -> list[str]:
+        """Drafters this engine can run (those needing a draft model only with one)."""
+        return [kind for kind in DRAFTER_KINDS
+                if self.draft is not None or not DRAFTERS[kind].needs_draft_model]
+
+    def submit(self, request: BatchRequest) -> None:
+        """Queue a request; it joins at the next step. Bad settings raise here, not in a step."""
+        prompt = list(request.prompt_ids)
+        request = replace(request, config=resolve_eos(request.config, self.target))
+        max_new = check_prompt(prompt, self.target, request.config.max_new_tokens, draft=self.draft)
+        if len(request.resume_ids) >= max_new:
+            raise ConfigError(f"resume_ids: {len(request.resume_ids)} tokens already reach "
+                              f"max_new_tokens ({max_new})")
+        stop = StopCondition(request.config, max_new, self.decode)
+        kind = request.drafter
+        if kind == AUTO:
+            kind = self._auto_drafter(request)
+        elif kind not in self.drafter_kinds():
+            raise ConfigError(f"drafter: {kind!r} cannot run here; available: "
+                              f"{', '.join(self.drafter_kinds())}")
+        row = BatchRow(request, kind, max_new, stop, self.device)
+        if kind in ("tree", "ngram", "suffix", "none"):
+            row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
+                                        config=request.draft_config, corpus=request.corpus)
+            if isinstance(row.drafter, TreeDrafter) and not row.own_schedule:
+                # a seeded sampled row keeps its own tables: companions must not shape its tree
+                self.tree_calibrations.adopt(row.drafter)
+            row.drafter.begin(prompt)
+            row.schedule = DraftLengthSchedule(request.draft_config, row.drafter.nominal_depth)
+        else:
+            row.schedule = DraftLengthSchedule(request.draft_config, request.draft_config.length)
+        self.waiting.append(row)
+
+    def _auto_drafter(self, request: BatchRequest) -> str:
+        available = self.drafter_kinds()
+        if request.config.seed is not None and not request.config.greedy:
+            return available[0]  # reproducible: never depends on other requests' history
+        return self.policy.choose_drafter(available, rows=max(1, len(self.rows)),
+                                          depth=request.draft_config.length,
+                                          sampled=not request.config.greedy,
+                                          node_budget=request.draft_config.node_budget)
+
+    def cancel(self, request_id: Hashable) -> None:
+        """End a request at the next step boundary (finish reason "cancelled")."""
+        self._cancelled.add(request_id)
+
+    @property
+    def active(self) -> int:
+        return len(self.rows) + len(self.lane_rows) + len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.rows or self.lane_rows or self.waiting)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.rows) + len(self.lane_rows) < self.max_rows:
+            row = self.waiting.popleft()
+            if self.prefill == PREFILL_SEPARATE:
+                self._enter_lane(row)
+            else:
+                self._add_decoding_row(row, None)
+
+    def _add_decoding_row(self, row: BatchRow, lane_index: tuple[int, int | None] | None) -> None:
+        """Give the row a row of the batch's caches: empty, or its prefilled one from the lane
+        (lane_index: its target and draft cache rows there)."""
+        if lane_index is None:
+            self.target_cache.add_row()
+        else:
+            self.target_cache.adopt_row(self.lane_target_cache, lane_index[0])
+        self.rows.append(row)
+        if row.drafter_kind == "draft_model":
+            if lane_index is None:
+                self.draft_cache.add_row()
+            else:
+                self.draft_cache.adopt_row(self.lane_draft_cache, lane_index[1])
+            self.draft_rows.append(row)
+
+    # -- one step -------------------------------------------------------------------------
+
+    def step(self) -> list[RowEvent]:
+        """Run one verification step for every row; return an event per row that ran or ended."""
+        events: list[RowEvent] = []
+        self.last_step_timing = None
+        for row in list(self.waiting):
+            if row.request.request_id in self._cancelled:
+                self.waiting.remove(row)
+                row.finish_reason = FINISH_CANCELLED
+                events.append(self._event(row, StepOutput([], 0, 0, [], FINISH_CANCELLED)))
+        self._admit()
+        now = time.monotonic()
+        for row in self.rows + self.lane_rows:
+            if row.request.request_id in self._cancelled:
+                row.finish_reason = FINISH_CANCELLED
+            elif row.request.deadline is not None and now >= row.request.deadline:
+                row.finish_reason = FINISH_TIMEOUT
+        ended = [row for row in self.rows + self.lane_rows if row.finish_reason is not None]
+        for row in ended:
+            events.append(self._event(row, StepOutput([], 0, 0, [], row.finish_reason)))
+        self._leave(ended)
+        if not self.has_work():
+            return events
+        decoding = any(not row.prefilling for row in self.rows)
+        self._chunk = self.prefill_chunk if decoding else self.solo_prefill_chunk
+        started_ns = time.time_ns()
+        for row in self.rows:
+            row.fed_prompt = 0
+        with torch.inference_mode():
+            lane_started = time.perf_counter()
+            events.extend(self._prefill_lane_step(self._chunk))
+            prefill_seconds = time.perf_counter() - lane_started
+        self.last_step_timing = StepTiming(started_ns, 0.0, 0.0, 0, self.steps, prefill_seconds)
+        if self.rows:
+            events.extend(self._decode_step(started_ns, prefill_seconds))
+        self._leave([row for row in self.rows + self.lane_rows if row.finish_reason is not None])
+        self._move_ready_rows()  # they decode from the next step on
+        self.target_cache.maybe_compact()
+        if self.draft_cache is not None and self.draft_rows:
+            self.draft_cache.maybe_compact()
+        self.steps += 1
+        return events
+
+    def _decode_step(self, started_ns: int, prefill_seconds: float) -> list[RowEvent]:
+        """Draft and verify every row of the batch (steps 2-5 of the module docstring)."""
+        step_started = time.perf_counter()
+        self._forward_seconds = 0.0
+        rows = len(self.rows)
+        with torch.inference_mode():
+            depth = self._choose_depth()
+            trees, draft_seconds = self._draft(depth)
+            results = self._verify(trees)
+        step_seconds = time.perf_counter() - step_started
+        self.last_step_timing = StepTiming(started_ns, draft_seconds, step_seconds - draft_seconds,
+                                           rows, self.steps, prefill_seconds)
+        events = [self._advance(row, tree, result, step_seconds, draft_seconds)
+                  for row, tree, result in zip(list(self.rows), trees, results)]
+        # what the step cost beyond its forwards (drafting and verifying in Python, per row)
+        overhead = time.perf_counter() - step_started - self._forward_seconds
+        self.policy.step_overheads.observe(rows, depth + 1, overhead)
+        return events
+
+    def _choose_depth(self) -> int:
+        outlooks = []
+        others = 0
+        width = 1
+        for row in self.rows:
+            width = max(width, len(self._context_new(row)))
+            if (not row.can_draft(self._chunk) or row.own_schedule or not self.policy.enabled
+                    or row.prefilling):
+                others += 1
+                # the forward is as wide as its widest row, so drafting within it costs no more
+                width = max(width, self._row_depth(row, 0) + 1)
+            else:
+                outlooks.append(RowOutlook(row.drafter_kind, self._depth_cap(row), row.sampling is not None))
+        decision = self.policy.decide(outlooks, other_rows=others, width=width)
+        self.last_decision = decision
+        return decision.depth
+
+    def _depth_cap(self, row: BatchRow) -> int:
+        """The deepest draft the row can take: its tokens left, the draft's positions."""
+        if row.drafter_kind == "none":
+            return 0
+        cap = min(row.room, self.policy.max_depth)
+        if row.drafter_kind == "draft_model":
+            cap = min(cap, self.draft_context - len(row.context) + 1)
+        return max(cap, 0)
+
+    def _row_depth(self, row: BatchRow, policy_depth: int) -> int:
+        if not row.can_draft(self._chunk) or row.drafter_kind == "none":
+            return 0
+        if row.own_schedule or not self.policy.enabled:
+            return max(0, min(row.schedule.length, row.room))
+        if row.prefilling:
+            # its last prompt chunk: a draft on top would widen the forward past the decoding
+            # rows' (every row is padded to the widest), and the step yields its token anyway
+            return 0
+        return max(0, min(policy_depth, self._depth_cap(row)))
+
+    # -- drafting -------------------------------------------------------------------------
+
+    def _draft(self, policy_depth: int) -> tuple[list[DraftTree], float]:
+        started = time.perf_counter()
+        for row in self.rows:
+            reseed_at(row.generator, row.config.seed, len(row.generated))
+        depths = [self._row_depth(row, policy_depth) for row in self.rows]
+        trees: dict[int, DraftTree] = {}
+        chain_rows = [row for row in self.draft_rows if row.finish_reason is None]
+        if chain_rows:
+            wanted = {id(row): depth for row, depth in zip(self.rows, depths)}
+            trees.update(self._draft_chains(wanted))
+        for row, depth in zip(self.rows, depths):
+            row.depth_choices[depth] = row.depth_choices.get(depth, 0) + 1
+            if id(row) in trees or row.drafter is None or depth == 0:
+                continue
+            row_started = time.perf_counter()
+            trees[id(row)] = row.drafter.propose(
+                row.context, DraftRequest(depth, row.sampling, row.generator))
+            self.policy.observe_row_draft(row.drafter_kind, depth, time.perf_counter() - row_started)
+        return [trees.get(id(row), DraftTree.empty()) for row in self.rows], time.perf_counter() - started
+
+    # -- verification ---------------------------------------------------------------------
+
+    def _log_forward(self, kind: str, rows: int, tokens: int, seconds: float, costed: bool = True) -> None:
+        """Count a forward in the step, its cost model and `forward_log`: "target" or "draft", or
+        (costed=False: outside the step the policy plans) the prefill lane's "prefill" and "draft_prefill"."""
+        self.forward_log.append((kind, rows, tokens, seconds))
+        if not costed:
+            return
+        self._forward_seconds += seconds
+        costs = self.policy.target_costs if kind == "target" else self.policy.draft_costs
+        costs.observe(rows, tokens, seconds)
+
+    def _context_new(self, row: BatchRow) -> list[int]:
+        """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
+        return row.context[row.cached:row.chunk_end(self._chunk)]
+
+    def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
+        """One target forward for every row; the verdict per row (None: a prefill chunk)."""
+        inputs = []
+        for row, tree in zip(self.rows, trees):
+            context_new = self._context_new(row)
+            cached, new = row.cached, len(context_new)
+            new_mask = None
+            if not tree.is_chain:
+                new_mask = torch.ones(new + len(tree), new + len(tree), dtype=torch.bool).tril_()
+                new_mask[new:, new:] = tree.ancestor_matrix()
+            last = cached + new - 1
+            positions = list(range(cached, cached + new)) + [last + depth for depth in tree.depths]
+            inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
+        forward_started = time.perf_counter()
+        logits = self.target_cache.forward(inputs)
+        self._log_forward("target", len(inputs), max(len(item.token_ids) for item in inputs),
+                          time.perf_counter() - forward_started)
+        start = self.target_cache.last_start
+        results: list[VerifyResult | None] = []
+        for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
+            new = len(inputs[index].token_ids) - len(tree)
+            if row.prefilling:
+                row.fed_prompt = new
+                row.prefilled += new
+                if row.prefilling:
+                    results.append(None)
+                    continue
+            # [1 + nodes, vocab]: after the last context token, then after each node
+            row_logits = row_logits[new - 1:]
+            try:
+                result = self._verdict(row, tree, row_logits)
+            except Exception as error:  # a row's own failure ends that row, not the batch
+                row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
+                results.append(None)
+                continue
+            if len(tree):
+                accepted = set(result.accepted_nodes)
+                rejected = [start + new + node for node in range(len(tree)) if node not in accepted]
+                self.target_cache.drop(index, rejected)
+            results.append(result)
+        return results
+
+    def _verdict(
+        self,
+        row: BatchRow,
+        tree: DraftTree,
+        # [1 + nodes, vocab_size]
+        logits: torch.Tensor,
+    ) -> VerifyResult:
+        if row.sampling is None:
+            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return verify_sampling(tree, warp_probs(logits, row.sampling), row.generator)
+
+    def _advance(self, row: BatchRow, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
+                 draft_seconds: float) -> RowEvent:
+        if result is None:
+            # still prefilling (or failed): no tokens this step
+            return self._event(row, StepOutput([], 0, 0, [], row.finish_reason), prefill_tokens=row.fed_prompt)
+        accepted = len(result.accepted_nodes)
+        new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
+        emitted, finish_reason = row.stop.clip(row.generated, new_tokens)
+        row.generated.extend(emitted)
+        row.context.extend(emitted)
+        row.finish_reason = finish_reason
+        if tree.max_depth:
+            row.schedule.update(tree.max_depth, accepted)
+            self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
+                                           sampled=row.sampling is not None)
+        stats = row.stats
+        stats.record_step(len(tree), tree.max_depth, accepted)
+        stats.new_tokens = len(row.generated)
+        stats.draft_seconds += draft_seconds
+        stats.verify_seconds += step_seconds - draft_seconds
+        stats.total_seconds = time.perf_counter() - row.started
+        bonus = bool(tree.max_depth) and not tree.children[result.accepted_nodes[-1] + 1] \
+            if result.accepted_nodes else False
+        step = StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
+                          finish_reason)
+        return self._event(row, step, bonus, prefill_tokens=row.fed_prompt)
+
+    def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0) -> RowEvent:
+        return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
+                        row.depth_choices, prefill_tokens)
+
+    def _leave(self, rows: Iterable[BatchRow]) -> None:
+        leaving = {id(row) for row in rows}
+        if not leaving:
+            return
+        for row in rows:
+            self._cancelled.discard(row.request.request_id)
+        self._leave_lane([row for row in self.lane_rows if id(row) in leaving])
+        keep = [index for index, row in enumerate(self.rows) if id(row) not in leaving]
+        self.target_cache.keep_rows(keep)
+        self.rows = [self.rows[index] for index in keep]
+        if self.draft_cache is not None:
+            keep = [index for index, row in enumerate(self.draft_rows) if id(row) not in leaving]
+            if len(keep) != len(self.draft_rows):
+                self.draft_cache.keep_rows(keep)
+                self.draft_rows = [self.draft_rows[index] for index in keep]
+
+    # -- convenience -------------------------------------------------------------------------
+
+    def run(self, requests: Iterable[BatchRequest],
+            arrivals: dict[Hashable, int] | None = None) -> dict[Hashable, GenerationResult]:
+        """Run `requests` to completion; `arrivals` maps a request id to the step it joins at."""
+        pending = list(requests)
+        arrivals = arrivals or {}
+        tokens: dict[Hashable, list[int]] = {request.request_id: [] for request in pending}
+        results: dict[Hashable, GenerationResult] = {}
+        step = 0
+        while pending or self.has_work():
+            for request in [r for r in pending if arrivals.get(r.request_id, 0) <= step]:
+                pending.remove(request)
+                self.submit(request)
+            for event in self.step():
+                tokens[event.request_id].extend(event.step.token_ids)
+                if event.finished:
+                    results[event.request_id] = GenerationResult(
+                        tokens[event.request_id], event.step.finish_reason, event.stats)
+            step += 1
+        return results

@@ -1,0 +1,176 @@
+"""The rows of a batching engine: what a request asks, what a step reports, and a row's state.
+
+`BatchedSpeculativeEngine` (batch.py) holds one `BatchRow` per generation; its prefill
+progress (`chunk_end`, `can_draft`), the room left for drafts and its own generator and stop
+condition live here, so batch.py is only the step itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from inference.engine.config import DraftConfig, GenerationConfig
+from inference.engine.decode.decoder import make_generator, sampling_params
+from inference.engine.decode.draft_length import DraftLengthSchedule
+from inference.engine.drafters import AUTO
+from inference.engine.drafters.base import Drafter
+from inference.engine.outputs import StepOutput
+from inference.engine.decode.sampling import warp_probs
+from inference.engine.stats import GenerationStats
+from inference.engine.decode.stopping import StopCondition
+
+FINISH_TIMEOUT = "timeout"
+FINISH_CANCELLED = "cancelled"
+FINISH_ERROR = "error"
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One generation to run in the batch.
+
+    drafter: a drafter kind, or "auto" to let the policy choose from running acceptance.
+    deadline: a time.monotonic() value after which the row ends with finish_reason "timeout".
+    resume_ids: tokens an earlier run of this request already generated (and committed); they
+    are prefilled with the prompt and never generated again.
+    corpus: an opaque key of the earlier outputs a corpus-fed drafter (suffix) may draft from.
+    """
+
+    request_id: Hashable
+    prompt_ids: list[int]
+    config: GenerationConfig
+    drafter: str = AUTO
+    draft_config: DraftConfig = field(default_factory=DraftConfig)
+    deadline: float | None = None
+    resume_ids: tuple[int, ...] = ()
+    corpus: Hashable | None = None
+
+
+@dataclass
+class RowEvent:
+    """What one step did for one row; `step.finish_reason` set means the row has left the batch."""
+
+    request_id: Hashable
+    step: StepOutput
+    stats: GenerationStats
+    # the bonus token (a leaf of the draft was reached) rather than the target's correction
+    bonus: bool = False
+    error: str = ""
+    # the drafter the row runs (what "auto" resolved to) and the policy's depths: {depth: steps}
+    drafter: str = ""
+    depth_choices: dict[int, int] = field(default_factory=dict)
+    # prompt (and resumed) tokens the row fed the target in this step: it was prefilling
+    prefill_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.step.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """When one step's forwards ran (the worker's trace spans): wall-clock start, then draft, then verify."""
+
+    started_ns: int  # time.time_ns() at the step's start
+    draft_seconds: float
+    verify_seconds: float  # the target forward and the verdicts (depth choice included)
+    rows: int
+    step: int
+    # the prefill lane's forwards, before the draft (separate prefill mode; 0 in the shared one)
+    prefill_seconds: float = 0.0
+
+
+def default_prefill_chunk(device: torch.device, prefill: str = "shared") -> int:
+    """Prompt tokens a newcomer feeds per step beside decoding rows, by device and prefill mode.
+
+    Every row of a forward is padded to the widest (ragged_cache.py). On a GPU the padding is
+    nearly free, so a newcomer takes 64 tokens a step. On a CPU it is compute: a 48-token
+    chunk beside seven 5-token decode rows made an 8 x 56 forward (113 ms against 16 ms for the
+    decode step, measured on the demo pair), so in the shared mode a newcomer feeds about what
+    the decode rows do; in the separate mode (batch_prefill.py) its chunk pads no decoding row
+    and 64 tokens a step bound what a step's prefill adds to the decoding rows' step.
+    """
+    return 64 if device.type == "cuda" or prefill == "separate" else 8
+
+
+class BatchRow:
+    """Per-generation state of one batch row."""
+
+    def __init__(self, request: BatchRequest, drafter_kind: str, max_new_tokens: int,
+                 stop: StopCondition, device: torch.device) -> None:
+        self.request = request
+        self.drafter_kind = drafter_kind
+        self.config = request.config
+        self.context: list[int] = list(request.prompt_ids) + list(request.resume_ids)
+        # everything known before the first step is prefilled: the prompt and any resumed tokens
+        self.prompt_length = len(self.context)
+        self.generated: list[int] = list(request.resume_ids)
+        self.max_new_tokens = max_new_tokens
+        self.stop = stop
+        self.sampling = sampling_params(request.config)
+        self.generator = make_generator(request.config.seed, device)
+        # a seeded sampled row drafts on its own schedule so companions cannot change its tokens
+        self.own_schedule = self.sampling is not None and request.config.seed is not None
+        self.drafter: Drafter | None = None
+        self.schedule: DraftLengthSchedule | None = None
+        self.stats = GenerationStats(prompt_tokens=len(self.context))
+        self.prefilled = 0  # prompt tokens in the target cache
+        # draft cache bookkeeping: the context prefix known to be in the draft cache, and the
+        # drafted tokens fed after it
+        self.draft_synced = 0
+        self.draft_extra: list[int] = []
+        self.finish_reason: str | None = None
+        self.error = ""
+        self.started = time.perf_counter()
+        self.depth_choices: dict[int, int] = {}
+        self.fed_prompt = 0  # prompt tokens fed in the current step
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens are still to be fed to the target."""
+        return self.prefilled < self.prompt_length
+
+    @property
+    def cached(self) -> int:
+        """Context tokens in the target cache: the prompt so far, or all but the pending token."""
+        return self.prefilled if self.prefilling else len(self.context) - 1
+
+    def chunk_end(self, chunk: int) -> int:
+        """End (exclusive) of the context this step feeds: the next prompt chunk, or all of it."""
+        if self.prefilling:
+            return min(self.prompt_length, self.prefilled + chunk)
+        return len(self.context)
+
+    def can_draft(self, chunk: int) -> bool:
+        """Drafting needs the whole context in this step's forward (decoding, or the last chunk)."""
+        return self.chunk_end(chunk) == len(self.context)
+
+    @property
+    def room(self) -> int:
+        """Draft positions the tokens left allow (one token of each step is the target's)."""
+        return self.max_new_tokens - len(self.generated) - 1
+
+    def draw_draft_token(self, logits: torch.Tensor, position: int, tokens: list[int],
+                         log_probs: list[float], rows_q: list[torch.Tensor]) -> int | None:
+        """Append the row's next draft token (greedy or sampled from q); None to stop drafting."""
+        threshold = self.request.draft_config.confidence_threshold
+        if self.sampling is None:
+            log_q = logits.log_softmax(dim=-1)
+            best, token_tensor = log_q.max(dim=-1)
+            if threshold and position > 0 and float(best) < math.log(threshold):
+                return None
+            token = int(token_tensor)
+            log_probs.append(float(best))
+        else:
+            q = warp_probs(logits[None], self.sampling)[0]
+            if threshold and position > 0 and float(q.max()) < threshold:
+                return None
+            token = int(torch.multinomial(q, 1, generator=self.generator))
+            log_probs.append(float(q[token].log()))
+            rows_q.append(q)
+        tokens.append(token)
+        return token

@@ -1,0 +1,219 @@
+"""The speculative loop: draft, verify in one target forward, keep the accepted path, repeat.
+
+Invariant between steps: the target's KV cache holds every context token but the last one
+(the "pending" token, which the target has produced but not yet read). A step feeds the
+pending token followed by the draft tree in one forward (on the first step the whole prompt
+goes in the same forward), so row 0 of the logits predicts the first draft position and row
+1 + i predicts the children of node i. The cache then keeps the accepted nodes only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from inference.engine.config import GenerationConfig
+from inference.engine.decode.draft_length import DraftLengthSchedule
+from inference.engine.decode.draft_tree import (
+    DraftTree,
+    tree_attention_mask,
+    tree_position_ids,
+)
+from inference.engine.drafters.base import Drafter, DraftRequest
+from inference.engine.errors import ConfigError, PromptTooLongError
+from inference.engine.kv.rollback import keep_accepted, new_cache
+from inference.engine.models.linear_kernels import prepare_kernels
+from inference.engine.models.loading import LoadedModel, decode_of, unwrap_model
+from inference.engine.models.modeling import context_length, forward_logits, input_vocab_size
+from inference.engine.outputs import Branch, GenerationResult, StepOutput
+from inference.engine.decode.sampling import SamplingParams, warp_probs
+from inference.engine.stats import GenerationStats
+from inference.engine.decode.stopping import StopCondition
+from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    """A seeded generator makes a sampled run reproducible; None uses torch's global RNG."""
+    if seed is None:
+        return None
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def reseed_at(generator: torch.Generator | None, seed: int | None, position: int) -> None:
+    """Re-seed a step's randomness from (seed, position of its first new token).
+
+    Each step then draws the same numbers whatever ran before it, so a generation resumed at a
+    committed step boundary samples exactly what the uninterrupted run would have.
+    """
+    if generator is not None and seed is not None:
+        generator.manual_seed((seed ^ (position * 0x9E3779B97F4A7C15)) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def sampling_params(config: GenerationConfig) -> SamplingParams | None:
+    if config.greedy:
+        return None
+    return SamplingParams(config.temperature, config.top_k, config.top_p)
+
+
+def resolve_eos(config: GenerationConfig, model: LoadedModel | PreTrainedModel) -> GenerationConfig:
+    """Fill in the model's own EOS where `eos_token_id` is None, as HF `generate` does.
+
+    The model's generation_config.eos_token_id wins, else its config's; a model with neither gets
+    the explicit "no EOS", `()`. A config that already names its EOS (or `()`) is returned as is.
+    """
+    if config.eos_token_id is not None:
+        return config
+    model = unwrap_model(model)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config.get_text_config(decoder=True), "eos_token_id", None)
+    return replace(config, eos_token_id=() if eos is None else eos)
+
+
+def check_prompt(prompt_ids: list[int], model: PreTrainedModel, max_new_tokens: int,
+                 draft: PreTrainedModel | None = None) -> int:
+    """Refuse a prompt with no room left; return max_new_tokens clamped to the room there is.
+
+    Every prompt id must be one the target reads and, when there is a draft model, one the
+    draft reads too (a padded target vocabulary is wider than the draft's embedding).
+    """
+    if not prompt_ids:
+        raise ConfigError("prompt_ids: must hold at least one token")
+    vocab = input_vocab_size(model)
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+        raise ConfigError(f"prompt_ids: every token id must be in [0, {vocab})")
+    if draft is not None and max(prompt_ids) >= input_vocab_size(draft):
+        raise ConfigError(f"prompt_ids: every token id must be in [0, {input_vocab_size(draft)}), "
+                          "the ids the draft model reads")
+    context = context_length(model)
+    if len(prompt_ids) + 1 > context:
+        raise PromptTooLongError(len(prompt_ids), context)
+    return min(max_new_tokens, context - len(prompt_ids))
+
+
+def branches_of(tree: DraftTree, accepted_nodes: list[int]) -> list[Branch]:
+    """Every root-to-leaf branch with its draft score and how far the target accepted it."""
+    branches = []
+    for leaf in tree.leaves():
+        path = tree.path_to(leaf)
+        accepted_len = 0
+        while accepted_len < min(len(path), len(accepted_nodes)) \
+                and path[accepted_len] == accepted_nodes[accepted_len]:
+            accepted_len += 1
+        branches.append(Branch(
+            token_ids=tuple(tree.token_ids[node] for node in path),
+            score=sum(tree.log_probs[node] for node in path),
+            accepted_len=accepted_len,
+        ))
+    return branches
+
+
+class SpeculativeDecoder:
+    """Generates from `target` with any drafter; greedy output equals the target's own greedy.
+
+    `target` is what `load_causal_lm` returns (its tokenizer's decode is then the default
+    `decode`, used for stop strings) or a bare PreTrainedModel. One generation at a time: the
+    decoder and its drafter hold per-generation state (KV caches, `stats`), so a worker process
+    keeps one decoder per concurrent generation.
+    """
+
+    def __init__(
+        self,
+        target: LoadedModel | PreTrainedModel,
+        drafter: Drafter,
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        self.target = unwrap_model(target)
+        prepare_kernels(self.target)  # kernel choices measured now, not inside a timed forward
+        self.drafter = drafter
+        self.decode = decode if decode is not None else decode_of(target)
+        self.context_length = context_length(self.target)
+        self.device = self.target.device
+        self.stats = GenerationStats()
+
+    def generate(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationResult:
+        tokens: list[int] = []
+        finish_reason = None
+        for step in self.stream(prompt_ids, config):
+            tokens.extend(step.token_ids)
+            finish_reason = step.finish_reason
+        return GenerationResult(tokens, finish_reason or "length", self.stats)
+
+    def stream(self, prompt_ids: list[int], config: GenerationConfig) -> Iterator[StepOutput]:
+        """Yield one StepOutput per verification step until a stop condition ends the generation.
+
+        The prompt and settings are checked here, before the first step is requested, so a
+        PromptTooLongError or ConfigError reaches the caller before any forward runs. An
+        `eos_token_id` of None stops at the target's own EOS (see resolve_eos).
+        """
+        prompt = list(prompt_ids)
+        config = resolve_eos(config, self.target)
+        max_new_tokens = check_prompt(prompt, self.target, config.max_new_tokens,
+                                      draft=self.drafter.draft_model)
+        stop = StopCondition(config, max_new_tokens, self.decode)
+        return self._steps(prompt, config, max_new_tokens, stop)
+
+    def _steps(self, prompt: list[int], config: GenerationConfig, max_new_tokens: int,
+               stop: StopCondition) -> Iterator[StepOutput]:
+        sampling = sampling_params(config)
+        generator = make_generator(config.seed, self.device)
+        schedule = DraftLengthSchedule(self.drafter.config, self.drafter.nominal_depth)
+        stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
+        cache = new_cache(self.target)
+        self.drafter.begin(prompt)
+        context, generated = prompt, []
+        finish_reason = None
+        while finish_reason is None:
+            started = time.perf_counter()
+            reseed_at(generator, config.seed, len(generated))
+            with torch.inference_mode():
+                max_depth = min(schedule.length, max_new_tokens - len(generated) - 1)
+                tree = (self.drafter.propose(context, DraftRequest(max_depth, sampling, generator))
+                        if max_depth > 0 else DraftTree.empty())
+                drafted_at = time.perf_counter()
+                result = self._verify(tree, context, cache, sampling, generator)
+                keep_accepted(cache, len(context), result.accepted_nodes)
+            accepted = len(result.accepted_nodes)
+            new_tokens = [tree.token_ids[node] for node in result.accepted_nodes]
+            new_tokens.append(result.next_token)
+            emitted, finish_reason = stop.clip(generated, new_tokens)
+            generated.extend(emitted)
+            context = context + emitted
+            schedule.update(tree.max_depth, accepted)
+            finished_at = time.perf_counter()
+            stats.record_step(len(tree), tree.max_depth, accepted)
+            stats.new_tokens = len(generated)
+            stats.draft_seconds += drafted_at - started
+            stats.verify_seconds += finished_at - drafted_at
+            stats.total_seconds += finished_at - started
+            yield StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
+                             finish_reason)
+
+    def _verify(
+        self,
+        tree: DraftTree,
+        context: list[int],
+        cache: DynamicCache,
+        sampling: SamplingParams | None,
+        generator: torch.Generator | None,
+    ) -> VerifyResult:
+        """One target forward over the uncached context tail plus the tree, then the verdict."""
+        cached = cache.get_seq_length()
+        context_new = context[cached:]
+        mask = positions = None
+        if not tree.is_chain:
+            mask = tree_attention_mask(tree.ancestor_matrix(), cached, len(context_new),
+                                       self.target.dtype, self.device)
+            positions = tree_position_ids(tree.depths, cached, len(context_new), self.device)
+        # [1 + nodes, vocab_size]
+        logits = forward_logits(self.target, context_new + tree.token_ids, cache,
+                                keep=len(tree) + 1, attention_mask=mask, position_ids=positions)
+        if sampling is None:
+            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return verify_sampling(tree, warp_probs(logits, sampling), generator)

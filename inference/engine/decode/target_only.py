@@ -1,0 +1,69 @@
+"""Target-only decoding, one token per forward: the reference the speculative loop must equal.
+
+Kept independent of the draft tree and verifier code on purpose, so tests that compare the two
+compare two implementations; the bench also times it as its own target-only baseline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from inference.engine.config import GenerationConfig
+from inference.engine.decode.decoder import (
+    check_prompt,
+    make_generator,
+    resolve_eos,
+    sampling_params,
+)
+from inference.engine.kv.rollback import new_cache
+from inference.engine.models.loading import LoadedModel, decode_of, unwrap_model
+from inference.engine.models.modeling import forward_logits
+from inference.engine.outputs import GenerationResult
+from inference.engine.decode.sampling import sample_token, warp_probs
+from inference.engine.stats import GenerationStats
+from inference.engine.decode.stopping import StopCondition
+
+
+@torch.inference_mode()
+def generate_plain(
+    model: LoadedModel | PreTrainedModel,
+    prompt_ids: list[int],
+    config: GenerationConfig,
+    decode: Callable[[list[int]], str] | None = None,
+) -> GenerationResult:
+    """Greedy (argmax) or sampled generation with the same stop rules as SpeculativeDecoder.
+
+    Takes a LoadedModel (whose tokenizer then decodes by default) or a bare PreTrainedModel.
+    """
+    decode = decode if decode is not None else decode_of(model)
+    model = unwrap_model(model)
+    config = resolve_eos(config, model)
+    prompt = list(prompt_ids)
+    max_new_tokens = check_prompt(prompt, model, config.max_new_tokens)
+    stop = StopCondition(config, max_new_tokens, decode)
+    sampling = sampling_params(config)
+    generator = make_generator(config.seed, model.device)
+    stats = GenerationStats(prompt_tokens=len(prompt))
+    started = time.perf_counter()
+    cache = new_cache(model)
+    # [vocab_size]
+    logits = forward_logits(model, prompt, cache, keep=1)[0]
+    generated: list[int] = []
+    while True:
+        if sampling is None:
+            token = int(logits.argmax())
+        else:
+            token = sample_token(warp_probs(logits[None].float(), sampling)[0], generator)
+        emitted, finish_reason = stop.clip(generated, [token])
+        generated.extend(emitted)
+        stats.steps += 1
+        if finish_reason is not None:
+            break
+        logits = forward_logits(model, [token], cache, keep=1)[0]
+    stats.new_tokens = len(generated)
+    stats.total_seconds = stats.verify_seconds = time.perf_counter() - started
+    return GenerationResult(generated, finish_reason, stats)

@@ -1,0 +1,254 @@
+"""The one place that calls a transformers model: forward with a cache, context length, vocab.
+
+Uses the transformers 5.x names (`cache=`, `logits_to_keep=`); a custom 4D additive mask and
+explicit position ids are passed only for trees, chains use the model's own causal mask.
+
+For the Llama and Qwen2 families (full attention, SDPA) the forward runs the model's own
+modules (embeddings, rotary embedding, decoder layers, norm, LM head) without the top-level
+wrappers: their output capturing, mask construction and output objects cost ~0.4 ms a call on
+a CPU, a third of a one-layer draft's forward. Each decoder layer runs its own submodules
+(`_lean_layer`) with SDPA's grouped-query attention on the cache's in-place keys (kv_slab.py),
+not transformers' copy of the whole cache per layer (`repeat_kv`). Its linear layers run on
+oneDNN for large row counts where that was measured exact and faster (linear_kernels.py). Tests
+check the logits are those of transformers' own layers bit for bit; every other model takes the
+wrapped path.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from inference.engine.errors import UnsupportedModelError
+from inference.engine.models.linear_kernels import linear_kernels
+
+# Config attributes that hold the longest sequence a model was built for, most specific first.
+_CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",
+                       "seq_length")
+
+
+def context_length(model: PreTrainedModel) -> int:
+    """The longest sequence (prompt + generated) the model's positions cover."""
+    config = model.config.get_text_config(decoder=True)
+    for name in _CONTEXT_ATTRIBUTES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise UnsupportedModelError(
+        f"{type(model).__name__}: config names no context length ({', '.join(_CONTEXT_ATTRIBUTES)})")
+
+
+def input_vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the model's input embedding: every id it can read is below this."""
+    return int(model.get_input_embeddings().num_embeddings)
+
+
+def logits_width(model: PreTrainedModel) -> int:
+    """Columns of the model's logits (the LM head may be padded past the tokenizer)."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config(decoder=True).vocab_size)
+
+
+_LEAN_MODEL_TYPES = frozenset({"llama", "qwen2"})
+_lean_support: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def supports_lean_forward(model: PreTrainedModel) -> bool:
+    """Whether `model` is a full-attention Llama/Qwen2 model whose modules can be run directly."""
+    supported = _lean_support.get(model)
+    if supported is None:
+        config = model.config
+        inner = getattr(model, "model", None)
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        supported = (
+            config.model_type in _LEAN_MODEL_TYPES
+            and config._attn_implementation == "sdpa"
+            and all(hasattr(inner, name) for name in ("embed_tokens", "rotary_emb", "layers", "norm"))
+            and all(hasattr(layer.mlp, name) for layer in inner.layers
+                    for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+            and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
+            and not getattr(config, "use_sliding_window", False)
+            and layer_types == {"full_attention"}
+        )
+        _lean_support[model] = supported
+    return supported
+
+
+def _lean_hidden(
+    model: PreTrainedModel,
+    # [rows, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    # [rows, 1, new_tokens, cached + new_tokens] or None
+    attention_mask: torch.Tensor | None,
+    # [rows, new_tokens] or None
+    position_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """The decoder stack of a Llama-family model, called module by module; [rows, new, hidden]."""
+    inner = model.model
+    hidden = inner.embed_tokens(input_ids)
+    new_tokens = input_ids.shape[1]
+    past = cache.get_seq_length()
+    if position_ids is None:
+        position_ids = torch.arange(past, past + new_tokens, device=input_ids.device)[None]
+    if attention_mask is None and new_tokens > 1:
+        attention_mask = torch.full((new_tokens, past + new_tokens), torch.finfo(hidden.dtype).min,
+                                    dtype=hidden.dtype, device=input_ids.device)
+        attention_mask = attention_mask.triu_(past + 1)[None, None]
+    position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
+    for layer, cache_layer in zip(inner.layers[: model.config.num_hidden_layers], cache.layers):
+        if getattr(layer, "_compiled_call_impl", None) is not None:  # torch.compile'd (variants.py)
+            hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
+                           position_ids=position_ids, cache=cache, use_cache=True)
+        else:
+            hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer)
+    return inner.norm(hidden)
+
+
+def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor], cache_layer) -> torch.Tensor:
+    """One Llama/Qwen2 decoder layer, the same ops as its `forward` but attention with `enable_gqa`.
+
+    transformers' SDPA path expands the cached keys and values to every query head (`repeat_kv`,
+    a copy of the layer's whole cache) whenever a mask is given and more than one token is new:
+    every verify of the batched engine. SDPA's own grouped-query attention gives the same values
+    bit for bit without the copy (tests/inference/engine/test_modeling.py).
+    """
+    attention = layer.self_attn
+    linear = linear_kernels().linear  # module(x), on oneDNN for large row counts where it is exact
+    residual = hidden
+    hidden = layer.input_layernorm(hidden)
+    input_shape = hidden.shape[:-1]
+    head_shape = (*input_shape, -1, attention.head_dim)
+    query = linear(attention.q_proj, hidden).view(head_shape).transpose(1, 2)
+    key = linear(attention.k_proj, hidden).view(head_shape).transpose(1, 2)
+    value = linear(attention.v_proj, hidden).view(head_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query, key = _rotary_function(attention)(query, key, cos, sin)
+    key, value = cache_layer.update(key, value)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=attention.scaling,
+        enable_gqa=attention.num_key_value_groups > 1)
+    output = output.transpose(1, 2).contiguous().reshape(*input_shape, -1).contiguous()
+    hidden = residual + linear(attention.o_proj, output)
+    residual = hidden
+    hidden = layer.post_attention_layernorm(hidden)
+    mlp = layer.mlp  # LlamaMLP / Qwen2MLP: down(act(gate(x)) * up(x))
+    return residual + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, hidden)) * linear(mlp.up_proj, hidden))
+
+
+def _rotary_function(attention: torch.nn.Module):
+    """The `apply_rotary_pos_emb` of the attention module's own modeling file."""
+    return sys.modules[type(attention).__module__].apply_rotary_pos_emb
+
+
+def _lean_logits(
+    model: PreTrainedModel,
+    # [1, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    keep: int,
+    # [1, 1, new_tokens, cached + new_tokens] or None
+    attention_mask: torch.Tensor | None,
+    # [1, new_tokens] or None
+    position_ids: torch.Tensor | None,
+) -> torch.Tensor:
+    """The last `keep` logits rows of one sequence; [keep, vocab]."""
+    hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids)
+    return linear_kernels().linear(model.lm_head, hidden[:, -keep:])[0]
+
+
+def forward_batch_logits(
+    model: PreTrainedModel,
+    # [rows, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    # [rows, 1, new_tokens, cached + new_tokens] additive mask (0 = may attend); None: plain causal
+    attention_mask: torch.Tensor | None,
+    # [rows, new_tokens] each row's own positions
+    position_ids: torch.Tensor,
+    logits: str = "all",
+    # [rows] the index of each row's last new token (logits="last")
+    last_index: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Run a batch of rows (ragged underneath: the mask says what each token sees); [rows, new, vocab].
+
+    The cache grows by `new_tokens` slots in every row. Used by the batched engine.
+    logits: "all"; "last" ([rows, 1, vocab], each row's at `last_index`: a prefill's last chunk);
+    "none" fills the cache only (a prefill chunk), the vocabulary projection skipped.
+    """
+    if supports_lean_forward(model):
+        hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids)
+    else:
+        hidden = None
+        output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
+                       position_ids=position_ids, use_cache=True, logits_to_keep=1 if logits == "none" else 0)
+    if logits == "none":
+        return None
+    if logits == "last":
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        if hidden is None:  # the model computed every position's logits: pick the last
+            return output.logits[rows, last_index][:, None]
+        return linear_kernels().linear(model.lm_head, hidden[rows, last_index][:, None])
+    return linear_kernels().linear(model.lm_head, hidden) if hidden is not None else output.logits
+
+
+def forward_logits(
+    model: PreTrainedModel,
+    token_ids: list[int],
+    cache: DynamicCache,
+    keep: int,
+    # [1, 1, new_tokens, cached + new_tokens] additive mask, or None for plain causal
+    attention_mask: torch.Tensor | None = None,
+    # [1, new_tokens], or None for positions that follow the cache
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Run `token_ids` through the model on top of `cache`; return the last `keep` logits rows.
+
+    Returns [keep, vocab_size]. The cache grows by len(token_ids).
+    """
+    input_ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
+    if supports_lean_forward(model):
+        return _lean_logits(model, input_ids, cache, keep, attention_mask, position_ids)
+    output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
+                   position_ids=position_ids, use_cache=True, logits_to_keep=keep)
+    return output.logits[0]
+
+
+def align_vocab(
+    # [num_rows, draft_vocab]
+    logits: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """Make draft logits as wide as the target's: cut padding columns or pad with -inf."""
+    current = logits.shape[-1]
+    if current == width:
+        return logits
+    if current > width:
+        return logits[..., :width]
+    pad = logits.new_full((*logits.shape[:-1], width - current), float("-inf"))
+    return torch.cat((logits, pad), dim=-1)
+
+
+#: What a draft reads in place of an id it has no embedding for. Any valid id does: the draft's
+#: guesses after it may be worse, but every drafted token is verified by the target.
+SUBSTITUTE_TOKEN_ID = 0
+
+
+def draftable_ids(token_ids: list[int], draft_vocab: int,
+                  substitute: int = SUBSTITUTE_TOKEN_ID) -> list[int]:
+    """The ids a draft with `draft_vocab` embedding rows can read: any other id becomes `substitute`.
+
+    A target's vocabulary may be padded past the draft's (Qwen2.5-7B has 152,064 logits, 0.5B
+    151,936), so the target can emit an id the draft's embedding lacks; feeding it raises
+    IndexError. The substituted position is one the draft cannot predict from, which costs
+    acceptance, never exactness.
+    """
+    if not token_ids or (max(token_ids) < draft_vocab and min(token_ids) >= 0):
+        return token_ids
+    return [token if 0 <= token < draft_vocab else substitute for token in token_ids]

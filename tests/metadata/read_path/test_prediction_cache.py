@@ -1,0 +1,73 @@
+"""Prediction cache: a hit for a repeated deterministic request, a miss after the target is
+promoted away, never a hit for a non-deterministic request."""
+from __future__ import annotations
+
+import pytest
+
+from inference import prediction_cache
+from inference.models import ModelVersion
+from metadata.models import Session, SessionStatus
+from tests.metadata.read_path.conftest import make_session
+
+pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
+
+GREEDY = {"max_new_tokens": 8, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "stop": [], "draft_length": 4}
+
+
+def finished(session: Session, text: str = "hello world") -> Session:
+    session.status, session.text, session.token_count, session.finish_reason = SessionStatus.SUCCEEDED, text, 2, "length"
+    session.save()
+    return session
+
+
+def key_like(session: Session, **params) -> prediction_cache.RequestKey | None:
+    return prediction_cache.request_key(session.tenant_id, session.target_id, session.draft_id, session.drafter,
+                                        session.prompt, {**session.params, **params})
+
+
+def test_repeated_deterministic_request_hits(tenant, target_version):
+    session = finished(make_session(tenant, target_version, params=GREEDY))
+    assert prediction_cache.remember_session_result(session) is True
+
+    hit = prediction_cache.lookup(key_like(session))
+    assert hit is not None and hit["text"] == "hello world" and hit["source_session"] == str(session.pk)
+    assert prediction_cache.lookup(key_like(session, max_new_tokens=9)) is None  # another request
+    seeded = finished(make_session(tenant, target_version, params={**GREEDY, "temperature": 0.7, "seed": 7}))
+    assert prediction_cache.remember_session_result(seeded) is True  # sampling with a seed is deterministic
+    assert prediction_cache.lookup(key_like(seeded)) is not None
+
+
+def test_promotion_invalidates_the_replaced_versions_entries(tenant, target_version):
+    session = finished(make_session(tenant, target_version, params=GREEDY))
+    prediction_cache.remember_session_result(session)
+    assert prediction_cache.lookup(key_like(session)) is not None
+
+    successor = ModelVersion.objects.create(name=target_version.name, version="2", role="target",
+                                            path=target_version.path, context_length=512)
+    assert successor.promote() == [target_version]  # model_promoted is sent after commit
+
+    assert prediction_cache.lookup(key_like(session)) is None
+
+
+def test_non_deterministic_request_never_hits(tenant, target_version):
+    sampled = {**GREEDY, "temperature": 0.8}  # no seed
+    session = finished(make_session(tenant, target_version, params=sampled))
+    assert prediction_cache.remember_session_result(session) is False
+    assert key_like(session) is None and prediction_cache.lookup(key_like(session)) is None
+    greedy_twin = key_like(session, temperature=0.0)  # same prompt, greedy: nothing was stored for it
+    assert prediction_cache.lookup(greedy_twin) is None
+
+
+def test_api_hook_serves_a_hit_as_a_succeeded_session(tenant, api_user, target_version):
+    source = finished(make_session(tenant, target_version, params=GREEDY), text="cached text")
+    prediction_cache.remember_session_result(source)
+    validated = {"target": target_version, "draft": None, "drafter": source.drafter, "prompt": source.prompt,
+                 "prompt_tokens": source.prompt_tokens}
+
+    served = prediction_cache.serve_from_cache(validated, GREEDY, tenant, api_user)
+
+    assert served is not None and served.pk != source.pk
+    served.refresh_from_db()
+    assert (served.status, served.text, served.created_by_id) == (SessionStatus.SUCCEEDED, "cached text", api_user.pk)
+    assert served.stats["prediction_cache"] == {"hit": True, "source": str(source.pk)}
+    assert prediction_cache.serve_from_cache(validated, {**GREEDY, "temperature": 0.9}, tenant, api_user) is None
