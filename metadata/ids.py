@@ -39,11 +39,18 @@ def is_uuid7(value: uuid.UUID | str) -> bool:
 
 
 def created_at_of(value: uuid.UUID | str) -> dt.datetime | None:
-    """The creation time a UUIDv7 carries (UTC, to the millisecond); None for any other id."""
+    """The creation time a UUIDv7 carries (UTC, to the millisecond); None for any other id.
+
+    Also None for a time past ``datetime.max`` (a well-formed UUIDv7 can carry up to year 10889):
+    no session was ever made then, so such an id is simply not found.
+    """
     parsed = _parse(value)
     if parsed is None or parsed.version != _VERSION or parsed.variant != uuid.RFC_4122:
         return None
-    return _EPOCH + dt.timedelta(milliseconds=parsed.int >> 80)
+    try:
+        return _EPOCH + dt.timedelta(milliseconds=parsed.int >> 80)
+    except OverflowError:
+        return None
 
 
 def to_millisecond(moment: dt.datetime) -> dt.datetime:
