@@ -15,7 +15,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 SETTINGS = (
     Setting("SPECOPS_ARCHIVE_DIR", Path, BASE_DIR / "var" / "archive", "cold-storage folder of archived partitions"),
     Setting("SPECOPS_TOKEN_BATCH_SIZE", int, 100, "rows per INSERT of token and candidate history"),
-    Setting("SPECOPS_PARTITION_INTERVAL", str, "daily", "partition width: hourly, daily, weekly or monthly"),
+    Setting("SPECOPS_PARTITION_INTERVAL", str, "daily", "partition width: hourly, daily, weekly, <n>h or <n>d"),
     Setting("SPECOPS_PARTITION_PREMAKE", int, 4, "partitions made ahead of now"),
     Setting("SPECOPS_PARTITION_RETENTION_DAYS", float, 30.0, "age after which a partition is archived"),
     Setting("SPECOPS_PARTITION_ROTATE_MINUTES", int, 60, "beat period of partition rotation"),
