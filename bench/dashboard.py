@@ -25,13 +25,12 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import psycopg  # noqa: E402
+from bench.common import database_url, drop_database, median_ms, recreate_database, say  # noqa: E402
 
 BENCH_DB = "specops_bench_dashboard"
 CHUNK = 1_000_000
@@ -99,38 +98,6 @@ def sessions_sql() -> tuple[str, dict]:
             expressions.append(f"%(default_{field.column})s")
     sql = f"INSERT INTO metadata_session ({', '.join(columns)}) SELECT {', '.join(expressions)} {SESSIONS_FROM}"
     return sql, defaults
-
-
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def median_ms(action: Callable[[], object], reps: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        action()
-    samples = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        action()
-        samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
-
-
-def database_urls(base: str) -> tuple[str, str]:
-    """(admin URL on the ``postgres`` database, the bench database's URL) on base's server."""
-    head, _, _ = base.rpartition("/")
-    return f"{head}/postgres", f"{head}/{BENCH_DB}"
-
-
-def recreate(admin_url: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
-
-
-def drop(admin_url: str) -> None:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
 
 
 def execute(sql: str, params: dict | list | None = None) -> int:
@@ -205,7 +172,7 @@ def build_rollups(start: dt.datetime, now: dt.datetime) -> None:
         hour += dt.timedelta(hours=1)
     roll_hours(first, end)
     roll_up(now)  # one live run: the current minutes and one sample of each sampled series
-    from metadata.models import OpsRollup
+    from ops.models import OpsRollup
 
     say(f"rollups: {sessions:,} sessions aggregated, {OpsRollup.objects.count():,} rollup rows in all "
         f"({time.perf_counter() - started:.0f} s)")
@@ -253,8 +220,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--keep", action="store_true", help="keep the bench database")
     args = parser.parse_args()
-    admin_url, url = database_urls(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/specops"))
-    recreate(admin_url)
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/specops")
+    admin_url, url = database_url(base, "postgres"), database_url(base, BENCH_DB)
+    recreate_database(admin_url, BENCH_DB)
     os.environ.update(DATABASE_URL=url, DATABASE_REPLICA_URLS="", LOG_LEVEL="WARNING")
     os.environ.setdefault("SECRET_KEY", "bench-only-secret-key-not-for-production-0123456789")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
@@ -273,7 +241,7 @@ def main() -> None:
 
         connections.close_all()
         if not args.keep:
-            drop(admin_url)
+            drop_database(admin_url, BENCH_DB)
     say(f"RESULT dashboard_ms={dashboard_ms:.1f} raw_scan_ms={raw_ms:.0f}")
 
 

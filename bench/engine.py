@@ -48,6 +48,7 @@ from inference.engine import (  # noqa: E402
     build_drafter,
     generate_plain,
 )
+from bench.common import load_pair_dirs  # noqa: E402
 
 # (prompt, pass index) -> (generated ids, stats); a sampled method draws new seeds each pass
 Runner = Callable[[list[int], int], tuple[list[int], GenerationStats | None]]
@@ -102,13 +103,7 @@ def load_pair(args: argparse.Namespace):
     """Target, draft and tokenizer through the same loading path as production."""
     target_dir = Path(args.target or Path(args.model_dir) / "demo-target")
     draft_dir = Path(args.draft or Path(args.model_dir) / "demo-draft")
-    for directory in (target_dir, draft_dir):
-        if not (directory / "config.json").is_file():
-            sys.exit(f"error: no model in {directory}; build the demo pair first "
-                     "(python manage.py build_demo_models)")
-    from inference.engine.models.loading import load_model_pair
-
-    target, draft = load_model_pair(target_dir, draft_dir, device=args.device)
+    target, draft = load_pair_dirs(target_dir, draft_dir, device=args.device)
     return target.model, draft.model, target.tokenizer
 
 

@@ -57,6 +57,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    ADMIN_URL,
+    NO_THROTTLES,
+    database_url,
+    drop_database,
+    recreate_database,
+    say,
+    stop_process_group,
+)
+
 BENCH_DB = "specops_bench_faults"
 LOG_DIR = ROOT / "var" / "bench-faults"
 PROMPTS = ("def parse(text):\n    ", "import os\nimport sys\n", "class Node:\n    def __init__(self",
@@ -64,35 +74,21 @@ PROMPTS = ("def parse(text):\n    ", "import os\nimport sys\n", "class Node:\n  
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
 def bench_environment(args) -> None:
     """The environment of this process and of the worker it starts."""
     os.environ.update({
-        "DATABASE_URL": args.admin_url.rsplit("/", 1)[0] + f"/{BENCH_DB}", "DATABASE_REPLICA_URLS": "",
+        "DATABASE_URL": database_url(args.admin_url, BENCH_DB), "DATABASE_REPLICA_URLS": "",
         "REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
         "SPECOPS_MODEL_DIR": str(ROOT / "var" / "bench-models"), "HF_HUB_OFFLINE": "1",
         "DJANGO_SETTINGS_MODULE": "specops.settings", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
         "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(40),
-        "SPECOPS_THROTTLE_USER_RATE": "none", "SPECOPS_THROTTLE_TENANT_RATE": "none",
-        "SPECOPS_THROTTLE_GENERATION_RATE": "none",
+        **NO_THROTTLES,
         "SPECOPS_SESSION_LEASE_S": str(args.lease), "SPECOPS_RECONCILE_QUEUED_S": str(args.requeue_after),
         "SPECOPS_SPECULATION_POLICY": "false",  # fixed drafts: every run of a prompt takes the same steps
         "OMP_NUM_THREADS": str(args.torch_threads),
     })
     for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # both are REDIS_URL's database
         os.environ.pop(name, None)
-
-
-def recreate_database(admin_url: str, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        if not drop_only:
-            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
 
 
 def prepare() -> None:
@@ -144,13 +140,7 @@ class Worker:
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process)
 
 
 class ReconcilerThread(threading.Thread):
@@ -368,7 +358,7 @@ def main() -> None:
     parser.add_argument("--reconcile-every", type=float, default=1.0, help="seconds between reconciler passes")
     parser.add_argument("--deadline", type=float, default=120.0, help="seconds after a fault a session must end in")
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the worker")
-    parser.add_argument("--admin-url", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--admin-url", default=ADMIN_URL)
     parser.add_argument("--redis-db", type=int, default=15, help="flushed: give the bench a database of its own")
     parser.add_argument("--seed", type=int, default=0, help="of the kill timings")
     parser.add_argument("--keep", action="store_true", help="keep the bench database")
@@ -378,7 +368,7 @@ def main() -> None:
     random.seed(args.seed)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     bench_environment(args)
-    recreate_database(args.admin_url)
+    recreate_database(args.admin_url, BENCH_DB)
     bench = None
     reconciler = None
     try:
@@ -405,7 +395,7 @@ def main() -> None:
 
         connections.close_all()
         if not args.keep:
-            recreate_database(args.admin_url, drop_only=True)
+            drop_database(args.admin_url, BENCH_DB)
 
 
 if __name__ == "__main__":

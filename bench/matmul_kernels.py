@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from inference.engine.models.linear_kernels import LinearKernels, onednn_available, set_linear_kernels  # noqa: E402
 from inference.engine.kv.ragged import RaggedCache, RowInput  # noqa: E402
+from bench.common import load_demo_pair, require_demo_pair  # noqa: E402
 
 # (name, model, rows, new tokens, cached tokens per row, logits kept)
 SHAPES = (
@@ -69,14 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(args.threads)
-    from inference.engine.models.loading import load_model_pair
-
     model_dir = Path(args.model_dir)
-    if not (model_dir / "demo-target" / "config.json").is_file():
-        sys.exit(f"error: no demo pair in {model_dir}; build it first (python manage.py build_demo_models)")
+    require_demo_pair(model_dir)
     if not onednn_available():
         sys.exit("error: this torch has no oneDNN linear; nothing to compare")
-    target, draft = load_model_pair(model_dir / "demo-target", model_dir / "demo-draft")
+    target, draft = load_demo_pair(model_dir)
     models = {"target": target.model, "draft": draft.model}
     torch_kernels, chosen = LinearKernels(enabled=False), LinearKernels()
     started = time.perf_counter()

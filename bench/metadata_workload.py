@@ -1,4 +1,4 @@
-"""Data loading and writer processes for bench/metadata.py (kept apart: spawn re-imports it)."""
+"""Data loading, row counts and writer processes for bench/metadata.py (kept apart: spawn re-imports it)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -31,6 +31,15 @@ def execute(sql: str, params: list | None = None) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
+
+
+def count(table: str, where: str = "", params: list | None = None) -> int:
+    """Rows of ``table`` (``where``: an SQL filter): what the figures check loaded and lost rows by."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table} {where}", params)
+        return cursor.fetchone()[0]
 
 
 def load_tokens(day_start: dt.datetime, sessions: int, tokens_per_session: int) -> int:

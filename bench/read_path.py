@@ -42,12 +42,7 @@ from read_path_workers import (  # noqa: E402  (needs the path above)
     setup_django,
     writer_process,
 )
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+from bench.common import percentile  # noqa: E402
 
 
 def prepare_sessions(count: int) -> list[str]:

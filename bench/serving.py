@@ -50,6 +50,7 @@ from inference.engine import (  # noqa: E402
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
 from inference.engine.batch.policy import SpeculationPolicy  # noqa: E402
 from inference.worker.metrics import inter_token_gaps  # noqa: E402
+from bench.common import ADMIN_URL, load_demo_pair, require_demo_pair  # noqa: E402
 
 NO_EOS = ()
 
@@ -264,7 +265,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
     parser.add_argument("--api-requests", type=int, default=16)
-    parser.add_argument("--admin-url", default="postgres://postgres@127.0.0.1:5432/postgres",
+    parser.add_argument("--admin-url", default=ADMIN_URL,
                         help="where the API run makes (and drops) its own database, specops_bench_serving")
     parser.add_argument("--redis-db", type=int, default=7,
                         help="the API run's own Redis database (broker, cache, streams), flushed first")
@@ -294,16 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         set_linear_kernels(LinearKernels(enabled=False))
         os.environ["SPECOPS_ONEDNN_LINEAR"] = "false"  # the API run's worker inherits it
     from inference.demo.prompts import load_heldout_prompts
-    from inference.engine.models.loading import load_model_pair
 
     model_dir = Path(args.model_dir)
-    if not (model_dir / "demo-target" / "config.json").is_file():
-        sys.exit(f"error: no demo pair in {model_dir}; build it first (python manage.py build_demo_models)")
+    require_demo_pair(model_dir)
     if args.api_only:
         api = measure_api(model_dir, args)
         print(f"API api_concurrency8_over_1={api[8] / api[1]:.2f}")
         return 0
-    target, draft = load_model_pair(model_dir / "demo-target", model_dir / "demo-draft", device=args.device)
+    target, draft = load_demo_pair(model_dir, args.device)
     tokenizer = target.tokenizer
     texts = load_heldout_prompts(model_dir / "heldout_prompts.json")
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"][: args.prompt_tokens]

@@ -17,47 +17,37 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import (
+    ADMIN_URL,
+    NO_THROTTLES,
+    ROOT,
+    database_url,
+    drop_database,
+    free_port,
+    recreate_database,
+    stop_process_group,
+)
+
 BENCH_QUEUE = "cpu"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 BENCH_DB = "specops_bench_serving"
-
-
-def _recreate_database(admin_url: str, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
-        if not drop_only:
-            conn.execute(f'CREATE DATABASE "{BENCH_DB}"')
 
 
 def _own_services(admin_url: str, redis_db: int) -> None:
     """Point this process (and the worker and web it starts) at the bench's own databases."""
     import redis
 
-    _recreate_database(admin_url)
+    recreate_database(admin_url, BENCH_DB)
     redis_url = f"redis://127.0.0.1:6379/{redis_db}"
     redis.Redis.from_url(redis_url).flushdb()
     os.environ.update({
-        "DATABASE_URL": admin_url.rsplit("/", 1)[0] + f"/{BENCH_DB}", "DATABASE_REPLICA_URLS": "",
+        "DATABASE_URL": database_url(admin_url, BENCH_DB), "DATABASE_REPLICA_URLS": "",
         "REDIS_URL": redis_url, "CELERY_BROKER_URL": redis_url, "CELERY_RESULT_BACKEND": redis_url,
-        # one client making every request: the per-token limits would refuse it
-        "SPECOPS_THROTTLE_USER_RATE": "none", "SPECOPS_THROTTLE_TENANT_RATE": "none",
-        "SPECOPS_THROTTLE_GENERATION_RATE": "none",
+        **NO_THROTTLES,
     })
     os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(40))
 
@@ -152,7 +142,7 @@ async def _measure(base_url: str, token: str, concurrency: int, requests: int,
 
 
 def api_throughput(model_dir: Path, concurrencies: list[int], requests: int, max_new_tokens: int,
-                   admin_url: str = "postgres://postgres@127.0.0.1:5432/postgres",
+                   admin_url: str = ADMIN_URL,
                    redis_db: int = 7) -> dict[int, float]:
     _own_services(admin_url, redis_db)
     try:
@@ -161,7 +151,7 @@ def api_throughput(model_dir: Path, concurrencies: list[int], requests: int, max
         from django.db import connections
 
         connections.close_all()
-        _recreate_database(admin_url, drop_only=True)
+        drop_database(admin_url, BENCH_DB)
 
 
 def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
@@ -177,7 +167,7 @@ def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `finally` below stops worker and web
-    port = _free_port()
+    port = free_port()
     logs = ROOT / "var"
     logs.mkdir(exist_ok=True)
     worker = _start([sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", BENCH_QUEUE,
@@ -204,9 +194,4 @@ def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
                 for c in concurrencies}
     finally:
         for process in (worker, web):
-            if process.poll() is None:
-                os.killpg(process.pid, 15)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, 9)
+            stop_process_group(process)

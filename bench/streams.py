@@ -25,8 +25,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,51 +34,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import (  # noqa: E402
+    ADMIN_URL,
+    NO_THROTTLES,
+    database_url,
+    drop_database,
+    free_port,
+    percentile,
+    recreate_database,
+    say,
+    stop_process_group,
+)
+
 BENCH_DB = "specops_bench_streams"
 PROBE_PATH = "/api/v1/models/"
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def bench_environment(args) -> dict[str, str]:
     """The environment of this process and of the services it starts."""
-    url = args.admin_url.rsplit("/", 1)[0] + f"/{BENCH_DB}"
     env = {
-        "DATABASE_URL": url, "DATABASE_REPLICA_URLS": "", "REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
+        "DATABASE_URL": database_url(args.admin_url, BENCH_DB), "DATABASE_REPLICA_URLS": "", "REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
         "SPECOPS_MODEL_DIR": str(ROOT / "var" / "bench-models"), "HF_HUB_OFFLINE": "1",
         "DJANGO_SETTINGS_MODULE": "specops.settings", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
         "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(40),
-        # The bench is one client: the per-token limits would refuse its 500 generations.
-        "SPECOPS_THROTTLE_USER_RATE": "none", "SPECOPS_THROTTLE_TENANT_RATE": "none",
-        "SPECOPS_THROTTLE_GENERATION_RATE": "none",
+        **NO_THROTTLES,  # the per-token limits would refuse its 500 generations
         "SPECOPS_STREAM_HEARTBEAT_S": str(args.heartbeat_s),
         "SPECOPS_MAX_BATCH": str(args.max_batch),
         "DATABASE_POOL_MAX_SIZE": str(args.pool_size),
     }
     os.environ.update(env)
     return env
-
-
-def recreate_database(admin_url: str, name: str, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        if not drop_only:
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def prepare(args) -> tuple[str, str]:
@@ -115,16 +98,6 @@ def start(name: str, command: list[str], env: dict[str, str], log_dir: Path) -> 
     log = open(log_dir / f"{name}.log", "w")  # noqa: SIM115 (the child process writes it)
     return subprocess.Popen(command, cwd=ROOT, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-
-
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def wait_http(url: str, timeout: float = 120.0) -> None:
@@ -258,7 +231,7 @@ def main() -> None:
     parser.add_argument("--heartbeat-s", type=float, default=15.0)
     parser.add_argument("--stream-timeout-s", type=float, default=600.0)
     parser.add_argument("--probe-interval-s", type=float, default=0.02)
-    parser.add_argument("--admin-url", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--admin-url", default=ADMIN_URL)
     parser.add_argument("--redis-db", type=int, default=6)
     parser.add_argument("--keep", action="store_true", help="keep the bench database and logs")
     args = parser.parse_args()
@@ -294,9 +267,9 @@ def main() -> None:
         outcome = asyncio.run(run_streams(args, base_url, token, model, start_worker, say))
     finally:
         for process in reversed(processes):
-            stop(process)
+            stop_process_group(process)
         if not args.keep:
-            recreate_database(args.admin_url, BENCH_DB, drop_only=True)
+            drop_database(args.admin_url, BENCH_DB)
 
     stats: StreamStats = outcome["stats"]
     samples = outcome["latencies"]

@@ -48,6 +48,7 @@ from inference.engine.drafters.suffix import (  # noqa: E402
     SuffixDrafter,
     finished_sequence,
 )
+from bench.common import load_demo_pair  # noqa: E402
 
 _DEF = re.compile(r"def\s+([A-Za-z_]\w*)\s*\(\s*([A-Za-z_]\w*)?")
 CORPUS = "bench-tenant"
@@ -114,17 +115,6 @@ def workload(texts: list[str], requests: int, tokenizer) -> list[tuple[int, list
         text = variant(texts[base], index // len(texts))
         prompts.append((base, tokenizer(text, add_special_tokens=False)["input_ids"]))
     return prompts
-
-
-def load_pair(args: argparse.Namespace):
-    target_dir, draft_dir = Path(args.model_dir) / "demo-target", Path(args.model_dir) / "demo-draft"
-    for directory in (target_dir, draft_dir):
-        if not (directory / "config.json").is_file():
-            sys.exit(f"error: no model in {directory}; build the demo pair first "
-                     "(python manage.py build_demo_models)")
-    from inference.engine.models.loading import load_model_pair
-
-    return load_model_pair(target_dir, draft_dir, device=args.device)
 
 
 def load_texts(args: argparse.Namespace) -> list[str]:
@@ -206,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    target, draft = load_pair(args)
+    target, draft = load_demo_pair(Path(args.model_dir), args.device)
     prompts = workload(load_texts(args), args.requests, target.tokenizer)
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=target.tokenizer.eos_token_id)
     corpora = SuffixCorpora()

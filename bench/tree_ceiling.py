@@ -43,6 +43,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import require_demo_pair  # noqa: E402
+
 MAX_SIBLINGS = 3
 
 
@@ -209,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     from inference.engine.models.loading import load_causal_lm
 
     model_dir = Path(args.model_dir)
-    if not (model_dir / "demo-target" / "config.json").is_file():
-        sys.exit(f"error: no demo pair in {model_dir}; build it first (python manage.py build_demo_models)")
+    require_demo_pair(model_dir)
     target = load_causal_lm(model_dir / "demo-target")
     drafts = {"demo": load_causal_lm(model_dir / "demo-draft").model,
               "weak": load_causal_lm(build_weak_draft(model_dir, args.weak_steps)).model}
