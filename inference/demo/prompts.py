@@ -1,22 +1,22 @@
 """Held-out prompts for the demo pair: openings of functions in files never trained on.
 
 The benchmark and the build's own acceptance estimate read the same `heldout_prompts.json`, so
-the figures they report are measured on the same text.
+the figures they report are measured on the same text. The file's format (reading, writing) is
+`inference.heldout_prompts`; `load_heldout_prompts` is re-exported here for the benchmarks.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from inference.demo.corpus import SourceFile
+from inference.heldout_prompts import load_heldout_prompts
 
-PROMPTS_FORMAT_VERSION = 1
+__all__ = ["heldout_prompts", "load_heldout_prompts"]
+
 _FUNCTION_START = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]", re.MULTILINE)
 # Characters per token are about 3-4 for code; 8 leaves room for whitespace-heavy files.
 _CHARS_PER_TOKEN_BOUND = 8
@@ -55,19 +55,3 @@ def heldout_prompts(
         {"id": index, "source": relative, "line": line, "text": tokenizer.decode(ids)}
         for index, (relative, line, ids) in enumerate(chosen)
     ]
-
-
-def write_heldout_prompts(path: Path, prompts: list[dict[str, object]]) -> None:
-    """Write the prompts file atomically: readers never see a half-written list."""
-    staging = path.with_name(f".{path.name}.tmp")
-    document = {"version": PROMPTS_FORMAT_VERSION, "prompts": prompts}
-    staging.write_text(json.dumps(document, indent=1))
-    os.replace(staging, path)
-
-
-def load_heldout_prompts(path: str | Path) -> list[str]:
-    """Read the prompt texts of a `heldout_prompts.json` written by the demo build."""
-    document = json.loads(Path(path).read_text())
-    if document.get("version") != PROMPTS_FORMAT_VERSION:
-        raise ValueError(f"{path}: unsupported prompts format {document.get('version')!r}")
-    return [entry["text"] for entry in document["prompts"]]

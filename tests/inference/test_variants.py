@@ -15,7 +15,7 @@ from inference.engine import GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.models.variants import Int8Linear
 from inference.models import ModelVersion, VariantKind, VersionStatus
-from inference.variant_builds import VariantBuildError, build_variant
+from inference.variant_registry import VariantBuildError, build_variant
 from inference.worker.residency import ModelResidency
 from tests.paths import REPO_ROOT
 

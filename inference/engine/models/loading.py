@@ -24,7 +24,8 @@ from transformers import (
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from inference.engine.errors import EngineError
-from inference.engine.models.variants import VariantError, apply_variant, check_source, read_recipe
+from inference.engine.models.variants.recipes import VariantError, check_source, read_recipe
+from inference.engine.models.variants.transforms import apply_variant
 
 # Config attributes that hold the longest sequence a model was built for, most specific first.
 _CONTEXT_LENGTH_ATTRIBUTES = (

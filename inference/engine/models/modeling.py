@@ -102,7 +102,7 @@ def _lean_hidden(
         attention_mask = attention_mask.triu_(past + 1)[None, None]
     position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
     for layer, cache_layer in zip(inner.layers[: model.config.num_hidden_layers], cache.layers):
-        if getattr(layer, "_compiled_call_impl", None) is not None:  # torch.compile'd (variants.py)
+        if getattr(layer, "_compiled_call_impl", None) is not None:  # torch.compile'd (variants/transforms.py)
             hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
                            position_ids=position_ids, cache=cache, use_cache=True)
         else:

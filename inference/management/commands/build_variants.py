@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.models.variants import VARIANT_KINDS
 from inference.models import ModelRole, ModelVersion
-from inference.variant_builds import VariantBuildError, build_variant
+from inference.variant_registry import VariantBuildError, build_variant
 
 
 class Command(BaseCommand):

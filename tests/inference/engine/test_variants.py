@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -23,11 +24,10 @@ from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.models.loading import ModelLoadError, load_causal_lm
 from inference.engine.decode.sampling import SamplingParams
 from inference.engine.decode.target_only import generate_plain
-from inference.engine.models.variant_dirs import build_variant_dir
+from inference.engine.models.variant_writer import build_variant_dir
 from inference.engine.models.variants import (
     VARIANT_FILE,
     Int8Linear,
-    clone_model,
     int8_weights_digest,
     model_size_bytes,
     quantize_int8,
@@ -49,7 +49,7 @@ def _prompts(count: int = PROMPT_COUNT, vocab: int = VOCAB_SIZE) -> list[list[in
 
 
 def _int8(model: nn.Module, per_token: bool) -> nn.Module:
-    return quantize_int8(clone_model(model).float(), per_token=per_token)
+    return quantize_int8(copy.deepcopy(model).float(), per_token=per_token)
 
 
 def _speculative(target, draft, prompt, generation, length=4):

@@ -1,7 +1,8 @@
 """Build an optimised variant of a registered version and register it beside its base.
 
 Shared by ``manage.py build_variants`` and the registry admin's actions. The torch side (how a
-variant is made, stored and loaded) is ``inference.engine.models.variants``; this module records the
+variant is made, stored and loaded) is ``inference.engine.models.variants`` and the directory is
+written by ``inference.engine.models.variant_writer``; this module records the
 result: a ModelVersion ``<version>+<kind>`` with ``base``, ``recipe`` and the figures measured at
 build (size, forward latency at 1 and 5 new tokens, top-1 agreement with the base on held-out
 prompts). The variant stays staged until someone promotes it.
@@ -17,8 +18,9 @@ from django.utils import timezone
 
 from inference.conf import conf
 from inference.engine.models.loading import ModelLoadError, load_causal_lm
-from inference.engine.models.variant_dirs import build_variant_dir
+from inference.engine.models.variant_writer import build_variant_dir
 from inference.engine.models.variants import VARIANT_KINDS, VariantError, measure_variant, model_size_bytes
+from inference.heldout_prompts import load_heldout_prompts
 from inference.models import ModelRole, ModelVersion
 
 logger = logging.getLogger(__name__)
@@ -43,8 +45,6 @@ def _stored_path(directory: Path) -> str:
 
 def _measure_prompts(tokenizer) -> list[list[int]]:
     """Token ids of the demo's held-out prompts when they are there, else a few library lines."""
-    from inference.demo.prompts import load_heldout_prompts
-
     path = conf.MODEL_DIR / "heldout_prompts.json"
     try:
         texts = load_heldout_prompts(path)[:MEASURE_PROMPTS]
