@@ -9,7 +9,7 @@ The session admin is ``metadata.admin``'s (read-only); this app adds what needs 
 re-running a session with the same parameters, and spelling the draft trees' token ids with the
 target's tokenizer.
 
-Variants (int8, bf16, compiled; ``inference.variant_builds``) are built by the registry's actions
+Variants (int8, bf16, compiled; ``inference.variant_registry``) are built by the registry's actions
 and shown side by side with their base on the version's page, each with its figures; a variant is
 promoted like any version.
 """
@@ -30,7 +30,7 @@ from django.utils.html import format_html, format_html_join
 from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.models import ModelVersion, VersionStatus
-from inference.variant_builds import VariantBuildError, build_variant
+from inference.variant_registry import VariantBuildError, build_variant
 from inference.submission import QueueUnavailable, submit_generation
 from metadata import admin as metadata_admin
 from metadata.models import OpsRollup, RollupWidth, Session
