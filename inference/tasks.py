@@ -6,22 +6,25 @@ import logging
 
 from celery import shared_task
 
+from core.queues import MAINTENANCE_QUEUE
+
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True)
 def generate(session_id: str) -> str:
-    """Run the speculative generation of one session (idempotent: see generation.run_session)."""
+    """Run the speculative generation of one session (idempotent: see lifecycle.run_session)."""
     # Imported here so the web process, which only enqueues, never loads torch and the engine.
-    from inference.worker.session_run import run_session
+    from inference.worker.batching_loop import device_loop
+    from inference.worker.lifecycle import run_session
     from metadata.replicas.lsn import primary_only
 
     # The session was written a moment ago by the API: a replica may not have replayed it yet.
     with primary_only():
-        return run_session(session_id)
+        return run_session(session_id, submit=lambda job: device_loop().submit(job))
 
 
-@shared_task(name="inference.reconcile_sessions", queue="maintenance", ignore_result=True,
+@shared_task(name="inference.reconcile_sessions", queue=MAINTENANCE_QUEUE, ignore_result=True,
              soft_time_limit=60, time_limit=90)
 def reconcile_sessions() -> dict:
     """Re-enqueue or fail the sessions whose worker died or whose task was lost (beat, every 15 s)."""

@@ -12,8 +12,9 @@ reason "timeout") and cancellation (a session whose row an operator or client se
 
 The loop thread computes; its writer thread (write_behind.py) does the I/O a step leaves
 behind, in the order the loop hands it over: the step's stream events, the flushes of token and
-candidate rows, and the end of each session that left the batch (its outcome, its prediction,
-its metrics, then ``job.done``). Cancellation polls and lease renewals stay on the loop thread.
+candidate rows (recorder.py), and the end of each session that left the batch (its outcome, its
+prediction, its metrics, then ``job.done``: lifecycle.write_end). Cancellation polls and lease
+renewals (lifecycle.renew_leases) stay on the loop thread.
 """
 from __future__ import annotations
 
@@ -22,21 +23,19 @@ import queue
 import threading
 import time
 from collections.abc import Hashable
-from datetime import timedelta
 
 from django.db import close_old_connections
-from django.utils import timezone
 
+from core import tracing
 from inference.conf import conf
 from inference.engine.batch.engine import BatchedSpeculativeEngine, RowEvent
 from inference.engine.batch.policy import SpeculationPolicy
 from inference.worker import metrics
-from inference.worker.recording import BatchRecorder, PendingFlush
-from inference.worker.session_job import SessionEnd, SessionJob, session_end, write_end
+from inference.worker.lifecycle import renew_leases, session_end, write_end
+from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
+from inference.worker.session_job import SessionEnd, SessionJob
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
 from metadata.models import Session, SessionStatus
-from metadata.sessions import token_stream
-from core import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +152,7 @@ class DeviceBatchLoop:
         if now - self._last_renewal < conf.SESSION_LEASE_S / 3:
             return
         self._last_renewal = now
-        wall = timezone.now()
-        Session.objects.filter(pk__in=list(self.jobs), status=SessionStatus.RUNNING).update(
-            lease_expires_at=wall + timedelta(seconds=conf.SESSION_LEASE_S), last_activity_at=wall)
+        renew_leases(self.jobs)
 
     def _step(self, pair, engine: BatchedSpeculativeEngine) -> None:
         try:
@@ -257,13 +254,6 @@ class DeviceBatchLoop:
         for end in ends:
             with tracing.activated(end.job.trace):
                 write_end(end, failure)
-
-
-def publish_step(events: list[token_stream.StreamEvent], traces: list[tracing.SessionTrace | None]) -> None:
-    """Writer thread: a step's stream events, every row's, in one round trip."""
-    # One session's publish hangs under its trace; a shared one under none.
-    with tracing.activated(traces[0]) if len(traces) == 1 else tracing.untraced():
-        token_stream.publish_many(events)
 
 
 _loop: DeviceBatchLoop | None = None

@@ -14,10 +14,11 @@ A session is left behind in two ways (DESIGN.md, the Celery traps):
   harmless: the claim lets one delivery run, the others return at once. A session still queued
   ``RECONCILE_GIVE_UP_S`` after its creation fails: no worker serves its queue.
 
-One pass at a time (``pg_try_advisory_lock`` on a direct connection). Every change is an UPDATE
-that repeats the condition the session was picked by, so a worker that claims or finishes the
-session in between wins. Nothing is published to a session's stream here but a failure's
-final event (by ``finish_session``): a re-enqueued session's stream continues when it resumes.
+One pass at a time (``pg_try_advisory_lock`` on a direct connection). This module only finds
+the sessions; lifecycle.py changes them (`requeue`, `fail_abandoned`), each change an UPDATE that
+repeats the condition the session was picked by, so a worker that claims or finishes the session
+in between wins. Nothing is published to a session's stream here but a failure's final event
+(by ``finish_session``): a re-enqueued session's stream continues when it resumes.
 """
 from __future__ import annotations
 
@@ -26,22 +27,20 @@ import socket
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
-from celery import current_app
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from core.database_config import maintenance_alias
 from inference.conf import conf
+from inference.worker.lifecycle import EnqueueFailed, fail_abandoned, requeue
 from metadata.models import Session, SessionStatus
 from metadata.partitions import advisory_lock
 from metadata.replicas.lsn import primary_only
-from metadata.sessions.state import invalidate_session
-from core.database_config import maintenance_alias
 
 logger = logging.getLogger(__name__)
 
 RECONCILER_LOCK = 0x5350_4543_0020  # "SPEC" + 0x20; partitions 1 and 2, statement snapshots 0x10
-GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this module
 BATCH = 500  # sessions one pass handles per kind; the next pass (15 s later) takes the rest
 
 
@@ -133,35 +132,17 @@ class SessionReconciler:
                 report.requeued.append(str(pk))
 
     def _requeue(self, pk, queue: str, condition: Q, now: datetime, report: ReconcileReport, **fields) -> bool:
-        """Mark the session enqueued now (if ``condition`` still holds), then send it a task."""
-        if not Session.objects.filter(condition, pk=pk).update(enqueued_at=now, updated_at=now, **fields):
-            return False  # a worker claimed or finished it meanwhile
-        invalidate_session(pk)
+        """Re-enqueue the session if ``condition`` still holds (lifecycle.requeue)."""
         try:
-            current_app.send_task(GENERATE_TASK, args=[str(pk)], queue=queue)
-        except Exception:  # the broker is down: it stays queued, and a later pass sends it again
+            return requeue(pk, queue, condition, now, **fields)
+        except EnqueueFailed:  # the broker is down: it stays queued, and a later pass sends it again
             logger.exception("reconcile_sessions: enqueue of session %s failed", pk)
             report.enqueue_errors.append(str(pk))
             return False
-        return True
 
     def _fail(self, pk, condition: Q, error: str, now: datetime, report: ReconcileReport) -> None:
-        """Fail the session if ``condition`` still holds.
-
-        The reconciler first takes the session's lease the way a worker claims it, so no worker
-        can start it between the check and the final write; then ``finish_session`` writes the
-        outcome once and ends its stream.
-        """
-        from inference.worker.recording import (
-            finish_session,  # the engine's types: only when needed
-        )
-
-        taken = Session.objects.filter(condition, pk=pk).update(
-            status=SessionStatus.RUNNING, worker=self.worker_name, updated_at=now,
-            lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S))
-        if not taken:
-            return
-        if finish_session(Session.objects.get(pk=pk), SessionStatus.FAILED, error=error):
+        """Fail the session if ``condition`` still holds (lifecycle.fail_abandoned)."""
+        if fail_abandoned(pk, condition, error, now, self.worker_name):
             report.failed.append(str(pk))
 
 

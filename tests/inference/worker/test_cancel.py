@@ -137,7 +137,7 @@ def test_cancel_mid_generation_stops_the_worker_and_ends_the_stream(api_client, 
 
 
 def test_a_cancel_that_races_the_last_step_wins_and_the_session_ends_once(api_client, tenant, tiny_model):
-    from inference.worker.recording import finish_session
+    from inference.worker.lifecycle import finish_session
 
     session = make_session(tenant, tiny_model, status="running")
     assert cancel(api_client, session.pk).status_code == 200

@@ -25,7 +25,7 @@ from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from inference.models import ModelVersion
 from inference.worker.batching_loop import DeviceBatchLoop
-from inference.worker.recording import SessionRecorder
+from inference.worker.recorder import SessionRecorder
 from inference.worker.session_job import SessionJob
 from inference.worker.write_behind import WriteBehind
 from metadata.models import Candidate, Session, TokenRecord

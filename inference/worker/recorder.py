@@ -7,7 +7,8 @@ them in one round trip. Token and candidate rows of every session in the batch g
 passed: one transaction per flush, never a write per row per step. The progress (token_count,
 text) of the sessions due one rides in the same transaction, one bulk UPDATE at most every
 `SPECOPS_PROGRESS_MS`. The loop thread builds the rows, events and progress rows and `take`s a
-flush; the writer thread (write_behind.py) `write`s it and ends the sessions (`finish_session`).
+flush; the writer thread (write_behind.py) `write`s it, publishes the steps (`publish_step`),
+and ends the sessions (lifecycle.write_end).
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING
 from django.db import transaction
 from django.utils import timezone
 
+from core import tracing
 from inference.conf import conf
-from metadata.models import Candidate, Session, SessionStatus, TokenKind, TokenRecord
+from metadata.models import Candidate, Session, TokenKind, TokenRecord
 from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
 from metadata.sessions.writers import BatchWriter
@@ -177,35 +179,8 @@ class BatchRecorder:
             raise
 
 
-def finish_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",
-                   token_ids: list[int] | None = None, text: str | None = None,
-                   stats: dict | None = None, next_step: int | None = None) -> bool:
-    """Write the session's outcome once and tell its stream; the cache entry goes after the commit.
-
-    A session that already ended (succeeded, failed, or cancelled with its end written) is left
-    as it is (returns False, no second final event): a generation ends exactly once. A session
-    cancelled while it ran (status cancelled, no end yet) gets its final fields, and the cancel
-    wins over whatever this run was about to write: the client was told it is cancelled.
-    """
-    now = timezone.now()
-    fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": now,
-              "updated_at": now, "last_activity_at": now, "lease_expires_at": None}
-    if token_ids is not None:
-        fields.update(token_count=len(token_ids), text=pg_text(text or ""), stats=stats or {})
-    with transaction.atomic():
-        current = (Session.objects.select_for_update().filter(pk=session.pk)
-                   .values_list("status", "finished_at").first())
-        ended = current is None or current[0] in (SessionStatus.SUCCEEDED, SessionStatus.FAILED) or (
-            current[0] == SessionStatus.CANCELLED and current[1] is not None)
-        if ended:
-            return False
-        if current[0] == SessionStatus.CANCELLED:
-            fields.update(status=SessionStatus.CANCELLED, finish_reason="cancelled", error="")
-        Session.objects.filter(pk=session.pk).update(**fields)
-        invalidate_session(session.pk)
-    token_stream.publish(session.pk, "done", {"status": fields["status"], "finish_reason": fields["finish_reason"],
-                                              "error": fields["error"]}, step=next_step)
-    return True
-
-
-TERMINAL = (SessionStatus.SUCCEEDED, SessionStatus.FAILED, SessionStatus.CANCELLED)
+def publish_step(events: list[token_stream.StreamEvent], traces: list[tracing.SessionTrace | None]) -> None:
+    """Writer thread: a step's stream events, every row's, in one round trip."""
+    # One session's publish hangs under its trace; a shared one under none.
+    with tracing.activated(traces[0]) if len(traces) == 1 else tracing.untraced():
+        token_stream.publish_many(events)

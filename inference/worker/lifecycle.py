@@ -1,0 +1,357 @@
+"""A session's life in a worker, in one place: claim, prepare, run, finish.
+
+- Claim: the task takes the session's lease (`claim`), an UPDATE that succeeds only when the
+  session is queued, or running with an expired lease, so two deliveries of one session never
+  run it twice at once; the batching loop renews the leases of the sessions it holds
+  (`renew_leases`).
+- Prepare: everything that can be checked before the loop is checked here (the models load, the
+  prompt tokenizes). A redelivered or re-enqueued session resumes: its committed tokens are
+  prefilled with the prompt and never generated again, and its stream continues after the
+  committed steps.
+- Run: `run_session` hands the `SessionJob` to the device's batching loop and waits on
+  ``job.done``.
+- Finish: every end is written by `finish_session`, once. A session that leaves the batch is
+  ended in two halves: the loop thread computes its outcome (`session_end`), and the writer
+  thread writes it after the flush of its rows (`write_end`): `finish_session`, the prediction
+  cache for a success, the request's metrics, the trace's end, and last ``job.done``, which wakes
+  the task thread (Celery's late ack then means "written"). A write that fails still ends the
+  session, as failed. The task ends the sessions that never reach the loop or that the loop
+  never answers; the reconciler ends (`fail_abandoned`) or re-enqueues (`requeue`) the sessions
+  no worker will finish.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from celery import current_app
+from django.db import close_old_connections, connections, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from core import latency_budget
+from inference.conf import conf
+from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
+from inference.engine.batch.engine import BatchRequest
+from inference.worker import metrics, suffix_feed
+from inference.worker.recorder import SessionRecorder, pg_text
+from inference.worker.residency import residency
+from inference.worker.session_job import SessionEnd, SessionJob
+from metadata.models import Session, SessionStatus, TokenRecord
+from metadata.sessions import token_stream
+from metadata.sessions.state import invalidate_session
+
+if TYPE_CHECKING:
+    from inference.engine.batch.engine import RowEvent
+
+logger = logging.getLogger(__name__)
+
+TERMINAL = (SessionStatus.SUCCEEDED, SessionStatus.FAILED, SessionStatus.CANCELLED)
+# how long a task thread waits past the session's own deadline before it gives up on the loop
+WAIT_MARGIN_S = 60.0
+GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this module
+
+
+# -- claim --------------------------------------------------------------------------------
+
+def claim(session: Session) -> bool:
+    """Take the session's lease: only when it is queued, or running with a lapsed lease."""
+    now = timezone.now()
+    lapsed = Q(status=SessionStatus.RUNNING) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
+    claimed = Session.objects.filter(Q(status=SessionStatus.QUEUED) | lapsed, pk=session.pk).update(
+        status=SessionStatus.RUNNING, started_at=Coalesce(F("started_at"), Value(now)),
+        updated_at=now, last_activity_at=now, lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S),
+        worker=socket.gethostname(), attempts=F("attempts") + 1)
+    invalidate_session(session.pk)
+    return bool(claimed)
+
+
+def renew_leases(session_ids: Iterable) -> None:
+    """Heartbeat: extend the leases of running sessions, so the reconciler leaves them be."""
+    now = timezone.now()
+    Session.objects.filter(pk__in=list(session_ids), status=SessionStatus.RUNNING).update(
+        lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S), last_activity_at=now)
+
+
+# -- prepare ------------------------------------------------------------------------------
+
+def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfig:
+    return GenerationConfig(
+        max_new_tokens=params["max_new_tokens"],
+        temperature=params.get("temperature", 0.0),
+        top_k=params.get("top_k", 0),
+        top_p=params.get("top_p", 1.0),
+        seed=params.get("seed"),
+        stop_strings=tuple(params.get("stop", ())),
+        eos_token_id=eos_token_id,
+    )
+
+
+def draft_config(drafter: str, params: dict) -> DraftConfig:
+    """The drafter's settings from the request's parameters (older rows may carry extra keys)."""
+    return DRAFTERS[drafter].draft_config(params, strict=False)
+
+
+def committed_tokens(session: Session) -> tuple[list[int], int]:
+    """The session's committed tokens (the gap-free prefix from position 0) and the next step."""
+    rows = (TokenRecord.objects.filter(session_id=session.pk, session_created_at=session.created_at)
+            .order_by("position").values_list("position", "token_id", "step"))
+    tokens, next_step = [], 0
+    for position, token_id, step in rows:
+        if position != len(tokens):
+            break
+        tokens.append(token_id)
+        next_step = step + 1
+    return tokens, next_step
+
+
+def prepare(session: Session) -> SessionJob:
+    """Load the session's models and build its batch request (errors here fail the session)."""
+    target = residency.get(session.target)
+    draft = residency.get(session.draft) if session.draft else None
+    tokenizer = target.tokenizer
+    prompt_ids = tokenizer(session.prompt)["input_ids"]
+    resumed, next_step = committed_tokens(session)
+    token_stream.forget_after(session.pk, next_step - 1)  # steps streamed but never committed
+    request = BatchRequest(
+        request_id=session.pk, prompt_ids=prompt_ids,
+        config=generation_config(session.params, tokenizer.eos_token_id),
+        drafter=session.drafter, draft_config=draft_config(session.drafter, session.params),
+        deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed),
+        corpus=suffix_feed.corpus_key(session))
+    recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
+    return SessionJob(session=session, request=request, target=target, draft=draft,
+                      model_name=session.target.name, recorder=recorder)
+
+
+def finished_before(job: SessionJob) -> str | None:
+    """The finish reason when the committed tokens already end the generation (a crash between
+    the last commit and the session's final update), else None."""
+    tokens, config = list(job.request.resume_ids), job.request.config
+    if not tokens:
+        return None
+    if len(tokens) >= config.max_new_tokens:
+        return "length"
+    if config.eos_token_id is not None and tokens[-1] in config.eos_token_ids:
+        return "eos"
+    if config.stop_strings:
+        text = job.target.tokenizer.decode(tokens)
+        if any(stop in text for stop in config.stop_strings):
+            return "stop"
+    return None
+
+
+# -- run ----------------------------------------------------------------------------------
+
+def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
+    """Generate for ``session_id`` in the device's batch (``submit`` hands it to the batching
+    loop, batching_loop.DeviceBatchLoop.submit); return its final status."""
+    session = Session.objects.select_related("target", "draft").get(pk=session_id)
+    if session.status in TERMINAL:
+        return session.status  # a redelivery of a finished task does nothing
+    if not claim(session):
+        return Session.objects.get(pk=session.pk).status  # another worker holds it
+    session.refresh_from_db(fields=["attempts"])
+    if session.attempts > conf.MAX_ATTEMPTS:
+        finish_session(session, SessionStatus.FAILED,
+                       error=f"gave up after {conf.MAX_ATTEMPTS} attempts (the worker was lost each time)")
+        return SessionStatus.FAILED
+    try:
+        job = prepare(session)
+    except Exception as exc:
+        logger.exception("session %s could not start", session.pk)
+        finish_session(session, SessionStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
+        metrics.observe_generation(session.drafter, SessionStatus.FAILED, 0.0, None)
+        raise
+    reason = finished_before(job)
+    if reason is not None:
+        tokens = job.recorder.token_ids
+        finish_session(session, SessionStatus.SUCCEEDED, finish_reason=reason, token_ids=tokens,
+                       text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)},
+                       next_step=job.recorder.step)
+        return SessionStatus.SUCCEEDED
+    renew_leases([session.pk])  # loading the models may have taken a while
+    submit(job)
+    # The wait holds no database connection: with a pool per process, SPECOPS_MAX_BATCH waiting
+    # threads would otherwise starve the batching loop's own writes.
+    connections.close_all()
+    if not job.done.wait(conf.GENERATION_TIMEOUT_S + WAIT_MARGIN_S):
+        logger.error("session %s: the batching loop did not end it in time", session.pk)
+        finish_session(session, SessionStatus.FAILED, error="the batching loop did not answer")
+        return SessionStatus.FAILED
+    suffix_feed.feed_finished(job)  # a success teaches its tenant's suffix index
+    return job.status
+
+
+# -- finish -------------------------------------------------------------------------------
+
+def finish_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",
+                   token_ids: list[int] | None = None, text: str | None = None,
+                   stats: dict | None = None, next_step: int | None = None) -> bool:
+    """Write the session's outcome once and tell its stream; the cache entry goes after the commit.
+
+    A session that already ended (succeeded, failed, or cancelled with its end written) is left
+    as it is (returns False, no second final event): a generation ends exactly once. A session
+    cancelled while it ran (status cancelled, no end yet) gets its final fields, and the cancel
+    wins over whatever this run was about to write: the client was told it is cancelled.
+    """
+    now = timezone.now()
+    fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": now,
+              "updated_at": now, "last_activity_at": now, "lease_expires_at": None}
+    if token_ids is not None:
+        fields.update(token_count=len(token_ids), text=pg_text(text or ""), stats=stats or {})
+    with transaction.atomic():
+        current = (Session.objects.select_for_update().filter(pk=session.pk)
+                   .values_list("status", "finished_at").first())
+        ended = current is None or current[0] in (SessionStatus.SUCCEEDED, SessionStatus.FAILED) or (
+            current[0] == SessionStatus.CANCELLED and current[1] is not None)
+        if ended:
+            return False
+        if current[0] == SessionStatus.CANCELLED:
+            fields.update(status=SessionStatus.CANCELLED, finish_reason="cancelled", error="")
+        Session.objects.filter(pk=session.pk).update(**fields)
+        invalidate_session(session.pk)
+    token_stream.publish(session.pk, "done", {"status": fields["status"], "finish_reason": fields["finish_reason"],
+                                              "error": fields["error"]}, step=next_step)
+    return True
+
+
+def status_of(finish_reason: str) -> str:
+    if finish_reason == "cancelled":
+        return SessionStatus.CANCELLED
+    if finish_reason in ("error", "timeout"):
+        return SessionStatus.FAILED
+    return SessionStatus.SUCCEEDED
+
+
+def session_end(job: SessionJob, finish_reason: str, error: str, event: RowEvent | None) -> SessionEnd:
+    """Loop thread: what the session's end will write, its text and stats included."""
+    recorder = job.recorder.snapshot()
+    status = status_of(finish_reason)
+    try:
+        stats = None
+        if event is not None:
+            stats = event.stats.to_dict()
+            created = job.session.created_at.timestamp()
+            gaps = metrics.inter_token_gaps(recorder.step_times, recorder.step_tokens)
+            stats.update(
+                ttft_seconds=recorder.step_times[0] - created if recorder.step_times else None,
+                queue_seconds=recorder.admitted_at - created if recorder.admitted_at else None,
+                itl_seconds=sum(gaps) / len(gaps) if gaps else None)
+            stats.update(drafter=event.drafter, batch_rows_max=recorder.batch_rows_max,
+                         depth_choices={str(k): v for k, v in sorted(event.depth_choices.items())})
+            if finish_reason == "timeout":
+                error = error or f"generation exceeded {conf.GENERATION_TIMEOUT_S:g} s"
+        text = job.target.tokenizer.decode(recorder.token_ids)
+    except Exception as failure:
+        logger.exception("the outcome of session %s could not be computed", job.session.pk)
+        return SessionEnd(job, recorder, status, finish_reason, error, event=event,
+                          failure=f"{type(failure).__name__}: {failure}")
+    return SessionEnd(job, recorder, status, finish_reason, error, text=text, stats=stats, event=event)
+
+
+def write_end(end: SessionEnd, failure: str = "") -> None:
+    """Writer thread: write the session's outcome (failed, after any ``failure``), record its
+    metrics, end its trace, wake its task thread."""
+    job, status = end.job, end.status
+    try:
+        failure = failure or end.failure or write_outcome(end)
+        if failure:
+            status = SessionStatus.FAILED
+            mark_failed(end, failure)
+    finally:
+        observe_end(end, status)
+        if job.trace is not None:
+            job.trace.end(status)
+        job.status = status
+        job.done.set()
+
+
+def write_outcome(end: SessionEnd) -> str:
+    """The session's outcome and, for a success, its prediction; what failed, or ""."""
+    job, recorder = end.job, end.recorder
+    try:
+        finish_session(job.session, end.status, error=end.error, finish_reason=end.finish_reason,
+                       token_ids=recorder.token_ids, text=end.text, stats=end.stats, next_step=recorder.step)
+        if end.status == SessionStatus.SUCCEEDED:
+            from inference import prediction_cache
+
+            prediction_cache.remember_result(job.session, text=end.text, token_count=len(recorder.token_ids),
+                                             finish_reason=end.finish_reason, stats=end.stats or {})
+    except Exception as error:
+        logger.exception("recording the end of session %s failed", job.session.pk)
+        close_old_connections()
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def mark_failed(end: SessionEnd, failure: str) -> None:
+    """Still end the session (its committed rows stay), so no client waits for a done event."""
+    try:
+        finish_session(end.job.session, SessionStatus.FAILED, finish_reason=end.finish_reason,
+                       error=f"recording the outcome failed: {failure}", next_step=end.recorder.step)
+    except Exception:
+        logger.exception("session %s could not be marked failed", end.job.session.pk)
+        close_old_connections()
+
+
+def observe_end(end: SessionEnd, status: str) -> None:
+    job, recorder, event = end.job, end.recorder, end.event
+    drafter = event.drafter if event is not None and event.drafter else job.request.drafter
+    # from the session's creation: what the client waits, the broker's queue included
+    now = time.time()
+    created = job.session.created_at.timestamp()
+    ttft = recorder.step_times[0] - created if recorder.step_times else None
+    queue_seconds = (recorder.admitted_at - created) if recorder.admitted_at else None
+    metrics.observe_request(
+        job.model_name, drafter, status, queue_seconds=queue_seconds, ttft_seconds=ttft,
+        inter_token_seconds=metrics.inter_token_gaps(recorder.step_times, recorder.step_tokens),
+        e2e_seconds=now - created, new_tokens=len(recorder.token_ids))
+    if recorder.step_times and recorder.admitted_at:  # the latency budget's "inference"
+        latency_budget.observe("inference", max(0.0, recorder.step_times[0] - recorder.admitted_at))
+    if event is not None:
+        stats = event.stats
+        drafts = stats.drafted_per_position[0] if stats.drafted_per_position else 0
+        metrics.observe_speculation(drafter, stats.drafted_per_position,
+                                    stats.accepted_per_position, drafts)
+
+
+# -- no worker will finish it (the reconciler) --------------------------------------------
+
+class EnqueueFailed(Exception):
+    """The broker refused a re-enqueued session's task: it stays queued (see `requeue`)."""
+
+
+def requeue(pk, queue: str, condition: Q, now: datetime, **fields) -> bool:
+    """Mark the session enqueued now (if ``condition`` still holds), then send it a task.
+
+    False when a worker claimed or finished it meanwhile; `EnqueueFailed` when the broker refuses
+    the task (the session stays queued, so a later pass sends it again).
+    """
+    if not Session.objects.filter(condition, pk=pk).update(enqueued_at=now, updated_at=now, **fields):
+        return False
+    invalidate_session(pk)
+    try:
+        current_app.send_task(GENERATE_TASK, args=[str(pk)], queue=queue)
+    except Exception as error:
+        raise EnqueueFailed(f"enqueue of session {pk} failed") from error
+    return True
+
+
+def fail_abandoned(pk, condition: Q, error: str, now: datetime, worker: str) -> bool:
+    """Fail the session if ``condition`` still holds; True when this call ended it.
+
+    First take its lease the way a worker claims it, so no worker can start it between the check
+    and the final write; then ``finish_session`` writes the outcome once and ends its stream.
+    """
+    taken = Session.objects.filter(condition, pk=pk).update(
+        status=SessionStatus.RUNNING, worker=worker, updated_at=now,
+        lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S))
+    if not taken:
+        return False
+    return finish_session(Session.objects.get(pk=pk), SessionStatus.FAILED, error=error)
