@@ -5,16 +5,20 @@
 where it stopped; nothing is dropped before the archive, re-imported, gives the table's row count
 and checksum. ``restore_archive`` brings an archive back, verified, standalone or attached.
 Failures are ``ArchivalError`` (a ``metadata.partitions.PartitionError``); a damaged or mismatched
-archive is ``ArchiveIntegrityError``.
+archive is ``ArchiveIntegrityError`` (both in ``errors``).
 
-Modules: ``archiver`` (the steps and their jobs), ``files`` (archive and manifest files, row
-checksums computed in SQL), ``restore``. Built on ``metadata.partitions``' catalog, locks, DDL and
-pacing, imported from those modules: the package's own API also holds the rotation, which uses
-this package.
+Modules: ``archiver`` (the steps and their jobs), ``files`` (archive and manifest files),
+``restore``, ``families`` (a day of sessions with its tokens and candidates), ``errors``.
+
+This package sits above ``metadata.partitions``: it is built on its catalog, bounds, locks, DDL,
+pacing and row checksums, and ``metadata.partitions`` never imports it. The rotation archives
+expired partitions through ``metadata.partitions.archiving.Archiver``; the app registers
+``PartitionArchiver`` as that archiver when it starts (``MetadataConfig.ready``).
 """
 from __future__ import annotations
 
 from metadata.archival.archiver import STEP_ORDER, UNFINISHED, CrashPoint, InjectedCrash, PartitionArchiver, resume_step
+from metadata.archival.errors import ArchivalError, ArchiveIntegrityError
 from metadata.archival.files import (
     ArchiveManifest,
     archive_path,
@@ -23,10 +27,9 @@ from metadata.archival.files import (
     file_sha256,
     import_archive,
     manifest_path,
-    table_checksum,
 )
 from metadata.archival.restore import RestoreResult, restore_archive
-from metadata.partitions.errors import ArchivalError, ArchiveIntegrityError
+from metadata.partitions.checksum import table_checksum
 
 __all__ = [
     "STEP_ORDER", "UNFINISHED",

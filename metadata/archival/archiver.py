@@ -24,10 +24,11 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from metadata.archival import files
+from metadata.archival.errors import ArchivalError, ArchiveIntegrityError
 from metadata.conf import conf
 from metadata.models import LIVE_STATUSES, PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob, Session
 from metadata.partitions import catalog
-from metadata.partitions.errors import ArchivalError, ArchiveIntegrityError
+from metadata.partitions.checksum import table_checksum
 from metadata.partitions.locks import (
     autocommit_with_lock_retries,
     quote,
@@ -214,7 +215,7 @@ class PartitionArchiver:
         with transaction.atomic(using=self.using):
             if outermost:  # one snapshot for the checksum and the COPY
                 _execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", self.using)
-            count, checksum = files.table_checksum(job.partition, columns, self.using)
+            count, checksum = table_checksum(job.partition, columns, self.using)
             exported = files.export_table(job.partition, columns, target, self.progress, self.using,
                                           self.pacer.tick)
         if exported != count:

@@ -2,9 +2,9 @@
 
 An archive is ``<table>.<job>.copy.gz`` (the rows, ``COPY ... TO STDOUT`` text format) next to
 ``<table>.<job>.json`` (bounds, columns, row count, row checksum, file sha256), so ``restore``
-needs nothing but the two files. The row checksum is computed *in SQL* over every row's text
-under fixed output settings, and it is order-independent (a sum of per-row hashes), so the same
-function run on the live table and on the file re-imported into a scratch table must agree.
+needs nothing but the two files. The row checksum is ``metadata.partitions.checksum``'s, computed
+*in SQL* over every row's text under fixed output settings and order-independent, so the live
+table and the file re-imported into a scratch table must agree.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from metadata.partitions.errors import ArchiveIntegrityError
+from metadata.archival.errors import ArchiveIntegrityError
+from metadata.partitions.checksum import set_canonical_output, table_checksum
 from metadata.partitions.locks import quote
 
 MANIFEST_FORMAT = "specops-partition-archive/1"
@@ -27,15 +28,6 @@ ARCHIVE_SUFFIX = ".copy.gz"
 MANIFEST_SUFFIX = ".json"
 COMPRESS_LEVEL = 3  # archival competes with writers for CPU; level 3 is ~3x faster than 9
 COPY_PROGRESS_EVERY = 200_000  # rows between progress lines
-
-# Output settings that make a row's text (hence its hash) the same in every session.
-CANONICAL_SETTINGS = (
-    "SET LOCAL TimeZone = 'UTC'",
-    "SET LOCAL DateStyle = 'ISO, YMD'",
-    "SET LOCAL IntervalStyle = 'postgres'",
-    "SET LOCAL extra_float_digits = 1",
-    "SET LOCAL bytea_output = 'hex'",
-)
 
 Progress = Callable[[str], None]
 
@@ -107,30 +99,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def set_canonical_output(cursor) -> None:
-    for statement in CANONICAL_SETTINGS:
-        cursor.execute(statement)
-
-
-def table_checksum(table: str, columns: list[str], using: str = DEFAULT_DB_ALIAS) -> tuple[int, str]:
-    """(row count, checksum) of ``table`` over ``columns``; call inside a transaction.
-
-    Each row's text is hashed with md5 and the two 64-bit halves are summed exactly (numeric),
-    so the result needs no sort and no memory, and any changed, missing or extra row shows.
-    """
-    row = ", ".join(quote(c, using) for c in columns)
-    with connections[using].cursor() as cursor:
-        set_canonical_output(cursor)
-        cursor.execute(
-            "SELECT count(*), "
-            "coalesce(sum(('x' || substr(h, 1, 16))::bit(64)::bigint::numeric), 0)::text, "
-            "coalesce(sum(('x' || substr(h, 17, 16))::bit(64)::bigint::numeric), 0)::text "
-            f"FROM (SELECT md5(ROW({row})::text) AS h FROM {quote(table, using)}) hashed"
-        )
-        count, high, low = cursor.fetchone()
-    return count, hashlib.sha256(f"{count}:{high}:{low}".encode()).hexdigest()
 
 
 def export_table(

@@ -15,18 +15,19 @@ from pathlib import Path
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
+from metadata.archival.errors import ArchivalError, ArchiveIntegrityError
 from metadata.archival.files import (
     ArchiveManifest,
     file_sha256,
     import_archive,
     manifest_path,
-    table_checksum,
 )
 from metadata.models import PARTITIONED_TABLES
 from metadata.partitions import catalog
 from metadata.partitions.bounds import TimeRange
+from metadata.partitions.checksum import table_checksum
 from metadata.partitions.ddl import add_bound_check, attach_checked_table
-from metadata.partitions.errors import ArchivalError, ArchiveIntegrityError, PartitionOverlapError
+from metadata.partitions.errors import PartitionOverlapError
 from metadata.partitions.locks import quote, with_lock_retries
 
 logger = logging.getLogger(__name__)

@@ -27,10 +27,11 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from metadata.archival.errors import ArchivalError
 from metadata.archival.families import ArchivedDay, day_of, restore_day
 from metadata.maintenance.requests import FINISHED
 from metadata.models import ArchivalStep, MaintenanceAction, MaintenanceRun, MaintenanceRunStatus, PartitionArchivalJob
-from metadata.partitions import ArchivalError, MaintenanceLockBusy, PartitionRotation, TimeRange, catalog
+from metadata.partitions import MaintenanceLockBusy, PartitionRotation, TimeRange, catalog
 from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK, advisory_lock
 
 logger = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
-"""Errors of partition maintenance and archival: one base, so callers catch one thing.
+"""Errors of partition maintenance: one base, so callers catch one thing.
 
-``ArchivalError`` is a ``PartitionError`` (archival is the last stage of a partition's life, and
-the ``partitions`` command and the beat job handle both alike), defined here so that
-``metadata.archival`` can raise it without importing the lifecycle::
+``metadata.archival`` derives its own errors from ``PartitionError`` (``metadata.archival.errors``:
+``ArchivalError``, ``ArchiveIntegrityError``), so the ``partitions`` command and the beat job
+handle archival's failures like every other maintenance failure::
 
     PartitionError                      anything partition maintenance refuses or cannot do
     ├── PartitionPolicyError            the SPECOPS_PARTITION_* settings (also ImproperlyConfigured)
@@ -13,7 +13,8 @@ the ``partitions`` command and the beat job handle both alike), defined here so 
     ├── MaintenanceLockBusy             another run holds the advisory lock; this one did nothing
     ├── LockRetriesExhausted            no lock within lock_timeout after every retry
     ├── ConcurrentDDLInTransaction      a ``... CONCURRENTLY`` statement called inside a transaction
-    └── ArchivalError                   archiving or restoring one partition cannot proceed
+    ├── TableConversionError            a table cannot be converted as it is, or its copy differs
+    └── ArchivalError                   archiving or restoring one partition (metadata.archival.errors)
         └── ArchiveIntegrityError       an archive is damaged or does not match what was recorded
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 
 class PartitionError(Exception):
-    """Base of every error partition maintenance and archival raise on purpose."""
+    """Base of every error partition maintenance (and archival, above it) raises on purpose."""
 
 
 class PartitionPolicyError(PartitionError, ImproperlyConfigured):
@@ -57,9 +58,5 @@ class ConcurrentDDLInTransaction(PartitionError):
     """``... CONCURRENTLY`` refuses a transaction block, and the caller is inside one."""
 
 
-class ArchivalError(PartitionError):
-    """Archiving or restoring a partition cannot proceed (the job records why and resumes)."""
-
-
-class ArchiveIntegrityError(ArchivalError):
-    """An archive file is missing, damaged, or its rows or checksum differ from the record."""
+class TableConversionError(PartitionError):
+    """The table cannot be converted as it is, or the copy does not match the source."""

@@ -6,13 +6,13 @@ and changes nothing; ``run()`` makes that plan and applies it, which is what the
 tables an earlier run left half-drained and resumes unfinished archival jobs, makes every missing
 partition from the current bin to ``premake`` bins ahead (and one for every bin that has rows
 stranded in the DEFAULT partition; ``metadata.partitions.maker``), then archives partitions past
-retention (``metadata.archival``). Ranges come from the catalog's bounds, never from table names.
+retention (through the registered archiver). Ranges come from the catalog's bounds, never names.
 It is idempotent and safe to run as often as wanted: it holds an advisory lock (runs never
 overlap). ``make_ahead()`` is the first part alone (current and premade bins), run by ``migrate``.
 
-The archiver is imported when a rotation is built, not with this module: ``metadata.archival`` is
-built on this package's catalog and locks, so whichever of the two packages is imported first,
-the other must not need it half-loaded.
+The archiver is not imported: ``metadata.archival`` is built on this package, so the rotation
+builds whatever archiver the app registered (``metadata.partitions.archiving``; at start-up
+``MetadataConfig.ready`` registers ``metadata.archival.PartitionArchiver``).
 """
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ import datetime as dt
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
 from metadata.partitions import catalog
+from metadata.partitions.archiving import Archiver, make_archiver
 from metadata.partitions.bounds import TimeRange, bin_start, bins, partition_name, uncovered
 from metadata.partitions.errors import PartitionLookupError
 from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK, advisory_lock
@@ -34,9 +35,6 @@ from metadata.partitions.maker import PartitionMaker
 from metadata.partitions.pacing import Pacer
 from metadata.partitions.plan import PartitionArchival, PartitionCreation, RotationPlan, RotationReport
 from metadata.partitions.policy import PartitionPolicy
-
-if TYPE_CHECKING:
-    from metadata.archival.archiver import CrashPoint, PartitionArchiver
 
 __all__ = ["PartitionMaker", "PartitionPolicy", "PartitionRotation", "RotationPlan", "RotationReport"]
 
@@ -53,17 +51,16 @@ class PartitionRotation:
         tables: dict[str, str] | None = None,
         archive_dir: Path | None = None,
         progress: Callable[[str], None] | None = None,
-        crash_at: CrashPoint | None = None,
+        crash_at: Any = None,
         using: str = DEFAULT_DB_ALIAS,
         pacer: Pacer | None = None,
     ) -> None:
-        from metadata.archival.archiver import PartitionArchiver  # deferred: see the module docstring
-
+        """``crash_at`` goes to the archiver untouched (``metadata.archival.CrashPoint``; tests only)."""
         self.policy = policy or PartitionPolicy.from_settings()
         self.tables = dict(PARTITIONED_TABLES if tables is None else tables)
         self.progress = progress or logger.info
         self.pacer = pacer or Pacer()
-        self.archiver: PartitionArchiver = PartitionArchiver(archive_dir, self.progress, crash_at, using, self.pacer)
+        self.archiver: Archiver = make_archiver(archive_dir, self.progress, crash_at, using, self.pacer)
         self.using = using
 
     # ------------------------------------------------------------------ plans

@@ -16,19 +16,16 @@ import builtins
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS
 
 from metadata.models import ArchivalStep
 from metadata.partitions import catalog
+from metadata.partitions.archiving import Archiver
 from metadata.partitions.bounds import TimeRange
 from metadata.partitions.locks import PARTITION_MAINTENANCE_LOCK, advisory_lock
 from metadata.partitions.maker import PartitionMaker
 from metadata.partitions.policy import PartitionPolicy
-
-if TYPE_CHECKING:
-    from metadata.archival.archiver import PartitionArchiver
 
 ARCHIVE_STEPS = (ArchivalStep.DETACHED, ArchivalStep.EXPORTED, ArchivalStep.VERIFIED)
 
@@ -83,7 +80,7 @@ class RotationPlan:
     archivals: list[PartitionArchival]
     default_rows: dict[str, int]
     makers: dict[str, PartitionMaker] = field(repr=False, compare=False)
-    archiver: PartitionArchiver = field(repr=False, compare=False)
+    archiver: Archiver = field(repr=False, compare=False)
     progress: Callable[[str], None] = field(repr=False, compare=False)
     using: str = field(default=DEFAULT_DB_ALIAS, repr=False, compare=False)
 

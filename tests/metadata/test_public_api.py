@@ -9,9 +9,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 import metadata.archival
 import metadata.partitions
+from metadata.archival import ArchivalError, ArchiveIntegrityError
 from metadata.partitions import (
-    ArchivalError,
-    ArchiveIntegrityError,
     BadIntervalError,
     BoundsError,
     MaintenanceLockBusy,

@@ -19,10 +19,10 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DEFAULT_DB_ALIAS
 
-from metadata.archival import UNFINISHED, restore_archive
+from metadata.archival import UNFINISHED, ArchivalError, restore_archive
 from metadata.archival.families import archived_days, restore_day
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
-from metadata.partitions import ArchivalError, PartitionError, PartitionRotation, catalog, register_periodic_tasks
+from metadata.partitions import PartitionError, PartitionRotation, catalog, register_periodic_tasks
 
 
 class OneLineErrorParser(CommandParser):
