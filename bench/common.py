@@ -116,3 +116,17 @@ def load_pair_dirs(target_dir: Path, draft_dir: Path, device: str = "cpu"):
 def load_demo_pair(model_dir: Path, device: str = "cpu"):
     """(target, draft) ``LoadedModel``s of ``model_dir``'s demo pair (``demo-target``, ``demo-draft``)."""
     return load_pair_dirs(Path(model_dir) / "demo-target", Path(model_dir) / "demo-draft", device)
+
+
+def register_tiny_pair(name: str = "tiny") -> str:
+    """Build the tiny random pair under SPECOPS_MODEL_DIR (seconds; reused when built) and register
+    it as the active target ``name``: what a bench of the serving path runs without the demo pair.
+    Django must be set up."""
+    from django.conf import settings
+
+    from inference.demo.tiny_models import build_tiny_pair
+    from inference.registry import register_pair
+
+    target_dir, draft_dir = build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
+    register_pair(name, "1", target_dir, draft_dir)
+    return name

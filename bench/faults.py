@@ -64,6 +64,7 @@ from bench.common import (  # noqa: E402
     drop_database,
     recreate_database,
     say,
+    register_tiny_pair,
     stop_process_group,
 )
 
@@ -98,16 +99,11 @@ def prepare() -> None:
     django.setup()
     from django.core.management import call_command
 
-    from inference.registry import register_pair
     from metadata.sessions import token_stream
-    from inference.demo.tiny_models import build_tiny_pair
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)
-    from django.conf import settings
-
-    target_dir, draft_dir = build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
-    register_pair("tiny", "1", target_dir, draft_dir)
+    register_tiny_pair()
 
 
 class Worker:

@@ -43,6 +43,7 @@ from bench.common import (  # noqa: E402
     percentile,
     recreate_database,
     say,
+    register_tiny_pair,
     stop_process_group,
 )
 
@@ -77,21 +78,18 @@ def prepare(args) -> tuple[str, str]:
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from inference.registry import register_pair
     from metadata.models import Tenant, TenantMembership
-    from inference.demo.tiny_models import build_tiny_pair
 
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     call_command("migrate", verbosity=0)
-    target_dir, draft_dir = build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
-    register_pair("tiny", "1", target_dir, draft_dir)
+    model = register_tiny_pair()
     user = get_user_model().objects.create_user("bench", password=secrets.token_urlsafe(12))
     TenantMembership.objects.create(user=user, tenant=Tenant.objects.create(name="bench-streams"))
     token = Token.objects.create(user=user).key
     from django.db import connections
 
     connections.close_all()
-    return token, "tiny"
+    return token, model
 
 
 def start(name: str, command: list[str], env: dict[str, str], log_dir: Path) -> subprocess.Popen:
