@@ -1,4 +1,4 @@
-"""SpecOps settings: everything comes from the environment (README lists every variable).
+"""SpecOps settings: everything comes from the environment (docs/configuration.md lists every variable).
 
 Misconfiguration that Django can still boot with (a replica URL that does not parse, say) is
 collected in ``CONFIG_ERRORS`` and reported by the system checks in ``core.checks``; a missing
@@ -69,7 +69,7 @@ CACHES = {
 }
 
 
-# App settings: each declared once, with its default, in its app's conf.py (README lists them).
+# App settings: each declared once, with its default, in its app's conf.py (docs/configuration.md lists them).
 read_declared(env, globals(), (*METADATA_SETTINGS, *INFERENCE_SETTINGS, *PROJECT_SETTINGS))
 THROTTLE_RATE_PATTERN = r"(?i)none|[0-9]+/(s|sec|second|m|min|minute|h|hour|d|day)"
 for _name in ("SPECOPS_THROTTLE_USER_RATE", "SPECOPS_THROTTLE_TENANT_RATE", "SPECOPS_THROTTLE_GENERATION_RATE"):
