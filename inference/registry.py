@@ -13,6 +13,7 @@ from typing import Any
 from django.db import transaction
 from transformers import AutoConfig
 
+from inference.build_records import BUILDING, STALLED, build_record, build_records
 from inference.conf import conf
 from inference.engine.models.loading import (
     ModelLoadError,
@@ -130,13 +131,11 @@ def pending_build(model: str, version: str | None = None) -> dict[str, Any] | No
 
     `model` is a name (`demo`) or a name and version (`demo:seed0`). None when the model is
     active (serve it) or no build of it is under way (unknown: a 404). Otherwise the build's
-    progress (see `inference.demo.progress`) plus `retry_after_s` (for the Retry-After header:
+    record (see `inference.build_records`) plus `retry_after_s` (for the Retry-After header:
     the build's ETA, between 5 s and 5 min) and `message` (one sentence naming the model).
     A plain name is pending only while it has no active target at all (e.g. `demo` while the
     quick pair builds); a name with a version, until that version is active.
     """
-    from inference.demo.progress import BUILDING, STALLED, build_record, build_records
-
     name, named_version = split_model_id(model)
     version = version or named_version
     active = ModelVersion.objects.filter(name=name, role=ModelRole.TARGET, status=VersionStatus.ACTIVE)

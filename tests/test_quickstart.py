@@ -20,7 +20,8 @@ from inference import prediction_cache
 from inference.demo import demo_build_progress
 from inference.demo.builder import DemoBuildConfig, build_demo_models
 from inference.demo.jobs import QUICK_SUBDIR, DemoJob, run_job
-from inference.demo.progress import BUILDING, DONE, INTERRUPTED, KEY, BuildProgress, build_record
+from inference.build_records import BUILDING, DONE, INTERRUPTED, KEY, build_record
+from inference.demo.progress import BuildProgress
 from inference.engine.models.loading import load_causal_lm
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from inference.registry import (

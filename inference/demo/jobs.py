@@ -19,9 +19,10 @@ from typing import TextIO
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
+from inference.build_records import DONE, FAILED, INTERRUPTED
 from inference.conf import conf
 from inference.demo.builder import DemoBuildConfig, DemoModels, build_demo_models
-from inference.demo.progress import DONE, FAILED, INTERRUPTED, BuildProgress
+from inference.demo.progress import BuildProgress
 from inference.models import ModelVersion
 from inference.registry import DEMO_NAME, full_version, quick_version, register_demo_pair
 

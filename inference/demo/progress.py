@@ -1,18 +1,14 @@
-"""Where a demo build stands: one record per build in Redis, for the terminal, admin and API.
+"""Where a demo build stands: its phases, its ETA, a line for the terminal, its record in Redis.
 
 A build (`demo:quick-0`, `demo:seed0`) is a long job in its own process (`manage.py
 build_demo_models`); `BuildProgress` is its `BuildObserver`: it prints a line to the terminal
-at each phase and every few seconds, and keeps a JSON record in the Redis hash `KEY` (field
-`name:version`) with the phase, the step, the total, an ETA and the state. The web process
-reads it back: `demo_build_progress()` for the admin dashboard, `build_record()` for
-`inference.registry.pending_build` (a request for a model still being built is a 503).
-
-The record is a convenience for readers; the build resumes from its own checkpoints, not from it.
-Redis being down loses the record, never the build.
+at each phase and every few seconds, and keeps its record (`inference.build_records`: the phase,
+the step, the total, an ETA and the state) up to date. The web process reads it back:
+`demo_build_progress()` for the admin dashboard, `inference.registry.pending_build` for the API
+(a request for a model still being built is a 503).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -22,15 +18,19 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 import redis
-from django.conf import settings
+
+from inference.build_records import (
+    BUILDING,
+    DONE,
+    FAILED,
+    INTERRUPTED,
+    STALLED,
+    build_records,
+    write_build_record,
+)
 
 logger = logging.getLogger(__name__)
 
-KEY = "specops:demo_builds"
-BUILDING, DONE, FAILED, INTERRUPTED, STALLED = "building", "done", "failed", "interrupted", "stalled"
-#: A build whose record has not moved for this long is shown as stalled (a step of the full
-#: build takes seconds; its slowest un-counted phase, tokenizing the corpus, about a minute).
-STALE_AFTER_S = 600.0
 #: Share of the build's time each phase took on the default config (used only for the overall
 #: ETA: the phases after the current one are estimated from the current one's measured rate).
 PHASE_SHARES = {"tokenizer_and_data": 0.02, "train_target": 0.69, "target_greedy_text": 0.045,
@@ -39,14 +39,6 @@ PHASE_ORDER = tuple(PHASE_SHARES)
 #: Phases that report every step (the others report batches), so a first report past step 1
 #: means the phase resumed from a checkpoint.
 STEPWISE_PHASES = ("train_target", "distil_draft")
-
-
-def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-
-
-def _field(name: str, version: str) -> str:
-    return f"{name}:{version}"
 
 
 def format_duration(seconds: float | None) -> str:
@@ -171,69 +163,9 @@ class BuildProgress:
 
     def _write(self) -> None:
         try:
-            client = self._client or _client()
-            client.hset(KEY, _field(self.name, self.version), json.dumps(self.record))
+            write_build_record(self.record, self._client)
         except redis.RedisError as exc:  # the build goes on; only its record is missing
             logger.warning("could not record demo build progress in Redis: %s", exc)
-
-
-def _alive(record: dict[str, Any]) -> bool:
-    if record.get("host") != socket.gethostname():
-        return True  # another host's process: only the age of the record tells
-    try:
-        os.kill(int(record["pid"]), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, KeyError, TypeError, ValueError):
-        return True
-    return True
-
-
-def _as_read(record: dict[str, Any], now: float) -> dict[str, Any]:
-    """The record with its state as a reader should see it: a dead build's is not 'building'."""
-    record = dict(record)
-    record["age_s"] = round(now - record.get("updated_at", now), 1)
-    if record["state"] == BUILDING:
-        if not _alive(record):
-            record.update(state=INTERRUPTED, message="the build process is gone; `make run` resumes it",
-                          eta_s=None)
-        elif record["age_s"] > STALE_AFTER_S:
-            record["state"] = STALLED
-    return record
-
-
-def build_records(name: str | None = None, client: redis.Redis | None = None) -> list[dict[str, Any]]:
-    """Every recorded build (of `name`), most recently updated first; [] when Redis is down."""
-    try:
-        raw = (client or _client()).hgetall(KEY)
-    except redis.RedisError as exc:
-        logger.warning("could not read demo build progress from Redis: %s", exc)
-        return []
-    now = time.time()
-    records = []
-    for value in raw.values():
-        try:
-            record = json.loads(value)
-        except ValueError:
-            continue
-        if name is None or record.get("name") == name:
-            records.append(_as_read(record, now))
-    return sorted(records, key=lambda r: r.get("updated_at", 0), reverse=True)
-
-
-def build_record(name: str, version: str, client: redis.Redis | None = None) -> dict[str, Any] | None:
-    """The record of one build, as a reader should see it, or None."""
-    try:
-        value = (client or _client()).hget(KEY, _field(name, version))
-    except redis.RedisError as exc:
-        logger.warning("could not read demo build progress from Redis: %s", exc)
-        return None
-    if value is None:
-        return None
-    try:
-        return _as_read(json.loads(value), time.time())
-    except ValueError:
-        return None
 
 
 def demo_build_progress(name: str = "demo") -> dict[str, Any] | None:
