@@ -64,26 +64,6 @@ def sample_token(
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample_without_replacement(
-    # [vocab_size]
-    probs: torch.Tensor,
-    count: int,
-    generator: torch.Generator | None,
-) -> list[int]:
-    """Draw up to `count` distinct tokens, ordered as successive draws without replacement.
-
-    Gumbel-top-k: the tokens sorted by log p + Gumbel noise are distributed as drawing one
-    token, removing it, renormalising and drawing again. The order matters: recursive rejection
-    sampling over siblings assumes sibling i was drawn from q with siblings 0..i-1 removed.
-    """
-    support = int((probs > 0).sum())
-    count = min(count, support)
-    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
-    gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(probs.dtype).tiny)))
-    keys = probs.log() + gumbel
-    return torch.topk(keys, count).indices.tolist()
-
-
 def uniform(generator: torch.Generator | None, device: torch.device) -> float:
     """One U(0, 1) draw from the run's generator (the acceptance test of rejection sampling)."""
     return float(torch.rand((), generator=generator, device=device))

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from inference.engine.decode.draft_tree import DraftTree
-from inference.engine.decode.sampling import sample_without_replacement
 from inference.engine.decode.verify import verify_greedy, verify_sampling
 
 from .chi_square import joint_p_value
@@ -72,9 +71,30 @@ class _ToyPair:
         return torch.stack(rows)
 
 
+def _siblings_without_replacement(
+    # [vocab_size]
+    probs: torch.Tensor,
+    count: int,
+    generator: torch.Generator | None,
+) -> list[int]:
+    """Draw up to `count` distinct tokens, ordered as successive draws without replacement.
+
+    The siblings of a sampled tree as the DraftTree contract says (no drafter draws them this
+    way; the test builds its trees with it). Gumbel-top-k: the tokens sorted by log p + Gumbel noise are distributed as drawing one
+    token, removing it, renormalising and drawing again. The order matters: recursive rejection
+    sampling over siblings assumes sibling i was drawn from q with siblings 0..i-1 removed.
+    """
+    support = int((probs > 0).sum())
+    count = min(count, support)
+    uniform = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=probs.dtype)
+    gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(probs.dtype).tiny)))
+    keys = probs.log() + gumbel
+    return torch.topk(keys, count).indices.tolist()
+
+
 def _sampled_tree(pair: _ToyPair, width: int, generator: torch.Generator,
                   claimed_q: torch.Tensor | None = None) -> DraftTree:
-    roots = sample_without_replacement(pair.q_first, width, generator)
+    roots = _siblings_without_replacement(pair.q_first, width, generator)
     tokens, parents, rows = [], [], []
     for token in roots:
         tokens.append(token), parents.append(-1)
