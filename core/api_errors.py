@@ -34,16 +34,17 @@ class Gone(APIException):
     default_code = "gone"
 
 
-class ModelBuilding(APIException):
-    """503: the requested model is still being built; ``Retry-After`` says when to ask again.
+class Unavailable(APIException):
+    """503: something the request needs is not ready or not reachable (a model still being built,
+    the task queue); with ``retry_after_s``, ``Retry-After`` says when to ask again.
 
     DRF's handler sets the header from ``wait`` (as for a throttled request).
     """
 
     status_code = 503
-    default_detail = "the requested model is still being built; try again later."
-    default_code = "model_building"
+    default_detail = "the service is unavailable; try again shortly."
+    default_code = "unavailable"
 
-    def __init__(self, detail: str, retry_after_s: int) -> None:
-        super().__init__(detail)
+    def __init__(self, detail: str, code: str, retry_after_s: int | None = None) -> None:
+        super().__init__(detail, code)
         self.wait = retry_after_s

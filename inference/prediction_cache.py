@@ -12,9 +12,10 @@ key scan; the orphaned entries expire on their own.
 Integration:
 * worker, after a successful generation: ``remember_result(session, text=..., token_count=...,
   finish_reason=..., stats=...)`` (a no-op when the request was not deterministic);
-* API, before writing the session: ``serve_from_cache(validated, params, tenant, user)`` returns a
-  new session already succeeded with the cached result (the caller answers 200 with it, no task is
-  enqueued), or None on a miss (the usual 202 flow).
+* API, before writing the session (``inference.generations.start_generation``):
+  ``serve_from_cache(validated, params, tenant, user)`` returns a new session already succeeded
+  with the cached result (the caller answers 200 with it, no task is enqueued), or None on a miss
+  (the usual 202 flow).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from inference.conf import conf
+from inference.engine.config import GenerationConfig
 from inference.signals import model_promoted
 from metadata.cache.counters import HITS, MISSES, REDIS, CacheStats
 from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, default_guard
@@ -46,7 +48,7 @@ def guard() -> RedisGuard:
 
 def is_deterministic(params: dict[str, Any]) -> bool:
     """Greedy, or sampling with a fixed seed: the same request gives the same tokens."""
-    return float(params.get("temperature", 0.0)) == 0.0 or params.get("seed") is not None
+    return float(params.get("temperature", GenerationConfig.temperature)) == 0.0 or params.get("seed") is not None
 
 
 def _namespace_key(version_id: int | None) -> str:
@@ -122,14 +124,6 @@ def remember_result(session: Session, *, text: str, token_count: int, finish_rea
         "text": text, "token_count": token_count, "finish_reason": finish_reason, "stats": stats,
         "source_session": str(session.pk),
     })
-
-
-def remember_session_result(session: Session) -> bool:
-    """``remember_result`` from a row read after the generation succeeded."""
-    if session.status != SessionStatus.SUCCEEDED:
-        return False
-    return remember_result(session, text=session.text, token_count=session.token_count,
-                           finish_reason=session.finish_reason, stats=session.stats)
 
 
 def serve_from_cache(validated: dict[str, Any], params: dict[str, Any], tenant, user) -> Session | None:

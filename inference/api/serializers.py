@@ -6,6 +6,7 @@ from django.http import QueryDict
 from rest_framework import serializers
 
 from inference.api.tokenizers import count_tokens
+from inference.engine.config import GenerationConfig
 from inference.engine.drafters import (
     DRAFTER_PARAMETERS,
     DRAFTERS,
@@ -14,16 +15,21 @@ from inference.engine.drafters import (
     DrafterParameter,
 )
 from inference.engine.errors import ConfigError
-from inference.models import ModelRole, ModelVersion, VersionStatus
-from inference.registry import DEMO_NAME, pending_build
-from core.api_errors import ModelBuilding
-
-# Sampling bounds that keep the worker's arithmetic meaningful (the engine's warping is finite for
-# any positive value, but below these a request is greedy in all but name): 0 means greedy.
-MIN_TEMPERATURE = 1e-3
-MAX_TEMPERATURE = 5.0
-MIN_TOP_P = 1e-6
-TOP_P_RULE = f"must be greater than 0 (at least {MIN_TOP_P:g}) and at most 1; 1 disables top-p."
+from inference.generations import ModelNotServed, served_target
+from inference.limits import (
+    MAX_NEW_TOKENS,
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_TEMPERATURE,
+    MIN_TOP_P,
+    TOP_P_RULE,
+    temperature_rule,
+)
+from inference.models import ModelVersion
 
 
 def _json_kind(value: Any) -> str:
@@ -99,22 +105,25 @@ class GenerationRequestSerializer(serializers.Serializer):
     400 naming the parameter and the drafter.
     """
 
-    prompt = StrictCharField(trim_whitespace=False, max_length=100_000)
+    prompt = StrictCharField(trim_whitespace=False, max_length=MAX_PROMPT_CHARS)
     model = StrictCharField(required=False, help_text="Model name; default: the active target.")
     drafter = serializers.ChoiceField(
         choices=_drafter_choices(), required=False,
         help_text="Default: draft_model when the model has a draft, else ngram.")
-    max_new_tokens = StrictIntegerField(min_value=1, max_value=2048, default=64)
+    max_new_tokens = StrictIntegerField(min_value=1, max_value=MAX_NEW_TOKENS,
+                                        default=GenerationConfig.max_new_tokens)
     temperature = StrictFloatField(
-        min_value=0.0, max_value=MAX_TEMPERATURE, default=0.0,
+        min_value=0.0, max_value=MAX_TEMPERATURE, default=GenerationConfig.temperature,
         help_text=f"0 for greedy decoding, else from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}.")
-    top_k = StrictIntegerField(min_value=0, max_value=2**31 - 1, default=0, help_text="0 disables top-k.")
-    top_p = StrictFloatField(min_value=MIN_TOP_P, max_value=1.0, default=1.0,
+    top_k = StrictIntegerField(min_value=0, max_value=MAX_TOP_K, default=GenerationConfig.top_k,
+                               help_text="0 disables top-k.")
+    top_p = StrictFloatField(min_value=MIN_TOP_P, max_value=1.0, default=GenerationConfig.top_p,
                              help_text=f"From {MIN_TOP_P:g} to 1; 1 disables top-p.",
-                             error_messages=dict.fromkeys(("min_value", "max_value"), TOP_P_RULE))
-    seed = StrictIntegerField(min_value=0, max_value=2**63 - 1, required=False)
-    stop = serializers.ListField(child=StrictCharField(min_length=1, max_length=64, trim_whitespace=False),
-                                 max_length=4, default=list)
+                             error_messages=dict.fromkeys(("min_value", "max_value"), f"{TOP_P_RULE}; 1 disables top-p."))
+    seed = StrictIntegerField(min_value=0, max_value=MAX_SEED, required=False)
+    stop = serializers.ListField(
+        child=StrictCharField(min_length=1, max_length=MAX_STOP_CHARS, trim_whitespace=False),
+        max_length=MAX_STOP_SEQUENCES, default=list)
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()
@@ -123,8 +132,7 @@ class GenerationRequestSerializer(serializers.Serializer):
 
     def validate_temperature(self, value: float) -> float:
         if 0.0 < value < MIN_TEMPERATURE:
-            raise serializers.ValidationError(
-                f"must be 0 (greedy) or from {MIN_TEMPERATURE:g} to {MAX_TEMPERATURE:g}; got {value:g}.")
+            raise serializers.ValidationError(f"{temperature_rule(MAX_TEMPERATURE)}; got {value:g}.")
         return value
 
     def validate(self, attrs: dict) -> dict:
@@ -162,17 +170,11 @@ class GenerationRequestSerializer(serializers.Serializer):
 
     @staticmethod
     def _active_target(name: str | None) -> ModelVersion:
-        targets = ModelVersion.objects.filter(role=ModelRole.TARGET, status=VersionStatus.ACTIVE)
-        if name:
-            targets = targets.filter(name=name)
-        target = targets.select_related("default_draft").order_by("-promoted_at").first()
-        if target is None:
-            building = pending_build(name or DEMO_NAME)
-            if building is not None:  # the first `make run`: the demo pair is still training
-                raise ModelBuilding(building["message"], building["retry_after_s"])
-            detail = f"no active target model named '{name}'." if name else "no active target model is registered."
-            raise serializers.ValidationError({"model": detail})
-        return target
+        """The model the request names; ``ModelBuilding`` (the first `make run`) is left to the view."""
+        try:
+            return served_target(name)
+        except ModelNotServed as exc:
+            raise serializers.ValidationError({"model": exc.message}) from None
 
     def params(self) -> dict:
         """What the session row stores: sampling settings plus every parameter of its drafter."""

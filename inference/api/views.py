@@ -5,21 +5,32 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 
-from inference import prediction_cache
+from core.api_errors import Unavailable
+from core.latency_budget import measure
+from core.throttles import GenerationRateThrottle
 from inference.api.serializers import (
     GenerationAcceptedSerializer,
     GenerationRequestSerializer,
     ModelVersionSerializer,
 )
+from inference.generations import GenerationRefused, ModelNotServed, start_generation
 from inference.models import ModelVersion
-from inference.submission import submit_generation
 from metadata.api.tenancy import tenant_of
-from core.latency_budget import measure
-from core.throttles import GenerationRateThrottle
+
+
+def refusal_error(refusal: GenerationRefused) -> APIException:
+    """The SpecOps API's answer to a refused generation.
+
+    An unknown model is the request's fault (400 on ``model``, as the serializer says it); anything
+    else is a 503, with ``Retry-After`` when the refusal knows when to ask again.
+    """
+    if isinstance(refusal, ModelNotServed):
+        return ValidationError({"model": [refusal.message]})
+    return Unavailable(refusal.message, refusal.code, refusal.retry_after_s)
 
 
 class GenerationViewSet(viewsets.GenericViewSet):
@@ -37,6 +48,11 @@ class GenerationViewSet(viewsets.GenericViewSet):
         with measure("auth"):
             super().initial(request, *args, **kwargs)
 
+    def handle_exception(self, exc: Exception):
+        if isinstance(exc, GenerationRefused):
+            exc = refusal_error(exc)
+        return super().handle_exception(exc)
+
     @extend_schema(responses={202: GenerationAcceptedSerializer, 200: GenerationAcceptedSerializer})
     def create(self, request):
         tenant = tenant_of(request.user)
@@ -45,10 +61,8 @@ class GenerationViewSet(viewsets.GenericViewSet):
         serializer = self.get_serializer(data=request.data)
         with measure("validation"):
             serializer.is_valid(raise_exception=True)
-        with measure("cache"):
-            cached = prediction_cache.serve_from_cache(serializer.validated_data, serializer.params(), tenant,
-                                                       request.user)
-        session = cached or submit_generation(serializer, tenant=tenant, user=request.user)
+        generation = start_generation(serializer, tenant, request.user)
+        session = generation.session
         url = request.build_absolute_uri(reverse("session-detail", args=[session.pk]))
         body = {
             "id": session.pk, "status": session.status, "queue": session.queue, "url": url,
@@ -56,7 +70,7 @@ class GenerationViewSet(viewsets.GenericViewSet):
             "tokens_url": request.build_absolute_uri(reverse("session-tokens", args=[session.pk])),
         }
         # A deterministic request answered from the prediction cache is already done: 200, not 202.
-        code = status.HTTP_200_OK if cached else status.HTTP_202_ACCEPTED
+        code = status.HTTP_200_OK if generation.cached else status.HTTP_202_ACCEPTED
         return Response(body, status=code, headers={"Location": url})
 
 

@@ -28,6 +28,10 @@ class GenerationConfig:
     Hugging Face `generate` does. An EOS token is kept too. `eos_token_id=None` (the default)
     means the model's own EOS, as `generate` does (the decoders call `resolve_eos`); `()` means
     no EOS at all.
+
+    The defaults below are also a request's defaults in both APIs (``inference.api`` reads them
+    from here, as ``GenerationConfig.max_new_tokens`` and so on); the bounds a request may ask for
+    are ``inference.limits``.
     """
 
     max_new_tokens: int = 64

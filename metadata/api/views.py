@@ -14,6 +14,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, NotFound
 from rest_framework.response import Response
 
+from core.api_errors import Conflict, Gone
+from core.conf import conf as project_conf
+from core.error_views import error_response
+from core.sse import HEARTBEAT, sse_message, sse_response
+from metadata.api.async_views import Refused, authorize, run_db
+from metadata.api.follow import follow
 from metadata.api.pagination import (
     CandidatePagination,
     SessionPagination,
@@ -27,14 +33,9 @@ from metadata.api.serializers import (
 from metadata.api.tenancy import tenant_of
 from metadata.archival.families import archived_session_job
 from metadata.models import Candidate, Session, TokenRecord
-from metadata.sessions import history, token_stream
-from metadata.sessions.state import get_session_detail, get_session_state
-from core.api_errors import Conflict, Gone
-from metadata.api.async_views import Refused, authorize, run_db
-from core.conf import conf as project_conf
-from core.error_views import error_response
+from metadata.sessions import token_stream
 from metadata.sessions.cancel import cancel_sessions
-from core.sse import HEARTBEAT, sse_message, sse_response
+from metadata.sessions.state import get_session_detail, get_session_state
 
 logger = logging.getLogger(__name__)
 
@@ -154,9 +155,7 @@ async def session_stream(request: HttpRequest, pk) -> HttpResponse:
 
 async def _session_events(pk, after: str) -> AsyncIterator[str]:
     idle_limit = project_conf.STREAM_IDLE_LIMIT_S
-    items = history.areplay(pk, after, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit,
-                            committed=lambda step: run_db(history.committed_steps, pk, step),
-                            ended=lambda: run_db(token_stream.ended_event, pk))
+    items = follow(pk, after, idle_limit_s=idle_limit)
     try:
         async with aclosing(items):
             async for item in items:

@@ -12,16 +12,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.api.openai.errors import OpenAIError, bad_param, unsupported
-from inference.api.serializers import MIN_TEMPERATURE, MIN_TOP_P
+from inference.engine.config import GenerationConfig
+from inference.limits import (
+    MAX_STOP_SEQUENCES,
+    MIN_TEMPERATURE,
+    MIN_TOP_P,
+    OPENAI_MAX_TEMPERATURE,
+    TOP_P_RULE,
+    temperature_rule,
+)
 
 COMPLETION = "completion"
 CHAT = "chat"
 
-# OpenAI's default for the legacy completions endpoint; chat completions leave it to SpecOps's
-# default (GenerationRequestSerializer's max_new_tokens).
+# OpenAI's defaults where they differ from SpecOps's (``GenerationConfig``): the legacy completions
+# endpoint's max_tokens (chat completions leave it to SpecOps's default) and the temperature.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
-MAX_STOP_SEQUENCES = 4
-MAX_TEMPERATURE = 2.0  # OpenAI's range
+DEFAULT_TEMPERATURE = 1.0
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -100,8 +107,8 @@ class OpenAIRequest:
     messages: list[dict[str, str]] = field(default_factory=list)  # chat completions
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = GenerationConfig.top_p
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     top_k: int | None = None
@@ -191,18 +198,16 @@ def _show(value: float) -> str:
 
 
 def _temperature(body: dict) -> float:
-    value = _number(body, "temperature", 1.0, 0.0, MAX_TEMPERATURE)
+    value = _number(body, "temperature", DEFAULT_TEMPERATURE, 0.0, OPENAI_MAX_TEMPERATURE)
     if 0.0 < value < MIN_TEMPERATURE:
-        raise bad_param("temperature", f"'temperature' must be 0 (greedy) or from {MIN_TEMPERATURE:g} to "
-                        f"{MAX_TEMPERATURE:g}; got {value:g}.")
+        raise bad_param("temperature", f"'temperature' {temperature_rule(OPENAI_MAX_TEMPERATURE)}; got {value:g}.")
     return value
 
 
 def _top_p(body: dict) -> float:
-    value = _number(body, "top_p", 1.0, 0.0, 1.0)
+    value = _number(body, "top_p", GenerationConfig.top_p, 0.0, 1.0)
     if value < MIN_TOP_P:
-        raise bad_param("top_p", f"'top_p' must be greater than 0 (at least {MIN_TOP_P:g}) and at most 1; "
-                        f"got {value:g}.")
+        raise bad_param("top_p", f"'top_p' {TOP_P_RULE}; got {value:g}.")
     return value
 
 

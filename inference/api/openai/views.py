@@ -3,7 +3,8 @@
 Plain async views (a streaming reply holds no thread; a non-streaming one waits on the session's
 Redis stream, not on a thread or a database poll). A request is a generation like any other:
 the same tokens (``Authorization: Bearer <DRF token>``), tenant, throttles, validation
-(``GenerationRequestSerializer``), prediction cache and session row as ``POST /api/v1/generations/``.
+(``GenerationRequestSerializer``), prediction cache and session row as ``POST /api/v1/generations/``:
+both go through ``inference.generations``, and its refusals become OpenAI errors here.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
-from inference import prediction_cache
+from core.conf import conf as project_conf
+from core.latency_budget import measure, observe
+from core.parsers import BodyNotJSON, loads_json
+from core.sse import HEARTBEAT, sse_response
 from inference.api.openai.chat_template import render_chat
 from inference.api.openai.completion_text import CompletionText
 from inference.api.openai.errors import OpenAIError, bad_param
@@ -40,18 +44,21 @@ from inference.api.openai.serializers import (
 from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.conf import conf
+from inference.generations import (
+    GenerationRefused,
+    ModelBuilding,
+    ModelNotServed,
+    follow,
+    served_target,
+    start_generation,
+)
 from inference.models import ModelRole, ModelVersion, VersionStatus
-from inference.registry import pending_build
-from inference.submission import QueueUnavailable, submit_generation
-from metadata.models import SessionStatus
-from metadata.sessions import history, token_stream
 from metadata.api.async_views import Caller, Refused, authorize, run_db
-from core.conf import conf as project_conf
-from core.latency_budget import measure, observe
-from core.parsers import BodyNotJSON, loads_json
-from core.sse import HEARTBEAT, sse_response
+from metadata.models import SessionStatus
+from metadata.sessions import token_stream
 
 DONE = "data: [DONE]\n\n"
+RETRY_AFTER_S = 5  # what a client is told to wait when the refusal does not say
 
 
 def openai_endpoint(*methods: str) -> Callable:
@@ -91,14 +98,17 @@ def _model_object(target: ModelVersion) -> dict:
     return {"id": target.name, "object": "model", "created": int(created.timestamp()), "owned_by": "specops"}
 
 
-def _model_not_found(name: str) -> OpenAIError:
-    """404, or 503 with Retry-After while the model is still being built (the first `make run`)."""
-    building = pending_build(name)
-    if building is not None:
-        return OpenAIError(503, building["message"], param="model", code="model_building",
-                           headers={"Retry-After": str(building["retry_after_s"])})
-    return OpenAIError(404, f"The model '{name}' does not exist or is not active (GET /v1/models lists them).",
-                       param="model", code="model_not_found")
+def refusal_error(refusal: GenerationRefused) -> OpenAIError:
+    """The OpenAI protocol's answer to a refused generation.
+
+    An unknown model is a 404; anything else (a model still being built, the task queue down) a
+    503 whose Retry-After is the refusal's own when it knows one.
+    """
+    if isinstance(refusal, ModelNotServed):
+        return OpenAIError(404, f"The model '{refusal.name}' does not exist or is not active (GET /v1/models lists "
+                           "them).", param="model", code="model_not_found")
+    return OpenAIError(503, refusal.message, param="model" if isinstance(refusal, ModelBuilding) else None,
+                       code=refusal.code, headers={"Retry-After": str(refusal.retry_after_s or RETRY_AFTER_S)})
 
 
 @openai_endpoint("GET")
@@ -112,10 +122,11 @@ async def list_models(request: HttpRequest) -> JsonResponse:
 @openai_endpoint("GET")
 async def retrieve_model(request: HttpRequest, model: str) -> JsonResponse:
     await _caller(request)
-    targets = await run_db(_active_targets, model)
-    if not targets:
-        raise await run_db(_model_not_found, model)
-    return JsonResponse(_model_object(targets[0]))
+    try:
+        target = await run_db(served_target, model)
+    except GenerationRefused as exc:
+        raise refusal_error(exc) from None
+    return JsonResponse(_model_object(target))
 
 
 @openai_endpoint("POST")
@@ -146,28 +157,21 @@ class Submission:
 
 def _submit(request: OpenAIRequest, caller: Caller) -> Submission:
     """Validate against the model, then answer from the prediction cache or enqueue (sync)."""
-    with measure("validation"):
-        targets = _active_targets(request.model)
-        if not targets:
-            raise _model_not_found(request.model)
-        directory = str(targets[0].directory)
-        prompt = request.prompt if request.kind == COMPLETION else render_chat(tokenizer_for(directory),
-                                                                               request.messages)
-        serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
-        if not serializer.is_valid():
-            raise generation_error(serializer.errors, request)
-    validated = serializer.validated_data
-    with measure("cache"):
-        session = prediction_cache.serve_from_cache(validated, serializer.params(), caller.tenant, caller.user)
-    cached = None
-    if session is not None:
+    try:
+        with measure("validation"):
+            directory = str(served_target(request.model).directory)
+            prompt = request.prompt if request.kind == COMPLETION else render_chat(tokenizer_for(directory),
+                                                                                   request.messages)
+            serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
+            if not serializer.is_valid():
+                raise generation_error(serializer.errors, request)
+        generation = start_generation(serializer, caller.tenant, caller.user)
+    except GenerationRefused as exc:
+        raise refusal_error(exc) from None
+    session, cached = generation.session, None
+    if generation.cached:
         cached = {"text": session.text, "token_count": session.token_count, "finish_reason": session.finish_reason}
-    else:
-        try:
-            session = submit_generation(serializer, tenant=caller.tenant, user=caller.user)
-        except QueueUnavailable as exc:
-            raise OpenAIError(503, str(exc.detail), code="queue_unavailable", headers={"Retry-After": "5"}) from None
-    return Submission(str(session.pk), validated["prompt_tokens"], directory, cached)
+    return Submission(str(session.pk), serializer.validated_data["prompt_tokens"], directory, cached)
 
 
 async def _generate(request: HttpRequest, kind: str):
@@ -185,15 +189,6 @@ async def _generate(request: HttpRequest, kind: str):
     response = JsonResponse(await _wait(header, openai_request, submission))
     response["X-SpecOps-Session"] = submission.session_id
     return response
-
-
-def _follow(submission: Submission, idle_limit_s: float) -> AsyncIterator[token_stream.StreamEntry | str]:
-    """The session's steps once each: committed ones from the token table, then live ones."""
-    session_id = submission.session_id
-    return history.areplay(
-        session_id, heartbeat_s=project_conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit_s,
-        committed=lambda step: run_db(history.committed_steps, session_id, step),
-        ended=lambda: run_db(token_stream.ended_event, session_id))
 
 
 def _failure(done: dict, session_id: str) -> OpenAIError | None:
@@ -241,7 +236,7 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
     timeout = conf.OPENAI_TIMEOUT_S
     if progress.done is None:
         try:
-            async with asyncio.timeout(timeout), aclosing(_follow(submission, idle_limit_s=timeout + 1)) as items:
+            async with asyncio.timeout(timeout), aclosing(follow(submission.session_id, idle_limit_s=timeout + 1)) as items:
                 async for item in items:
                     if isinstance(item, token_stream.StreamEntry):
                         progress.on(item)
@@ -250,7 +245,7 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
                               f"it goes on as session {submission.session_id}.", code="timeout") from None
         except RedisError:
             raise OpenAIError(503, "the token stream is unavailable; try again shortly.",
-                              code="stream_unavailable", headers={"Retry-After": "5"}) from None
+                              code="stream_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     failure = _failure(progress.done, submission.session_id)
     if failure is not None:
         raise failure
@@ -275,7 +270,8 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     error = None
     if progress.done is None:
         try:
-            async with aclosing(_follow(submission, idle_limit_s=project_conf.STREAM_IDLE_LIMIT_S)) as items:
+            items = follow(submission.session_id, idle_limit_s=project_conf.STREAM_IDLE_LIMIT_S)
+            async with aclosing(items):
                 async for item in items:
                     if item == token_stream.HEARTBEAT:
                         yield HEARTBEAT

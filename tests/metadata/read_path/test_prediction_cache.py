@@ -20,6 +20,12 @@ def finished(session: Session, text: str = "hello world") -> Session:
     return session
 
 
+def remember(session: Session) -> bool:
+    """What the worker does after a generation: cache its result (a no-op unless deterministic)."""
+    return prediction_cache.remember_result(session, text=session.text, token_count=session.token_count,
+                                            finish_reason=session.finish_reason, stats=session.stats)
+
+
 def key_like(session: Session, **params) -> prediction_cache.RequestKey | None:
     return prediction_cache.request_key(session.tenant_id, session.target_id, session.draft_id, session.drafter,
                                         session.prompt, {**session.params, **params})
@@ -27,19 +33,19 @@ def key_like(session: Session, **params) -> prediction_cache.RequestKey | None:
 
 def test_repeated_deterministic_request_hits(tenant, target_version):
     session = finished(make_session(tenant, target_version, params=GREEDY))
-    assert prediction_cache.remember_session_result(session) is True
+    assert remember(session) is True
 
     hit = prediction_cache.lookup(key_like(session))
     assert hit is not None and hit["text"] == "hello world" and hit["source_session"] == str(session.pk)
     assert prediction_cache.lookup(key_like(session, max_new_tokens=9)) is None  # another request
     seeded = finished(make_session(tenant, target_version, params={**GREEDY, "temperature": 0.7, "seed": 7}))
-    assert prediction_cache.remember_session_result(seeded) is True  # sampling with a seed is deterministic
+    assert remember(seeded) is True  # sampling with a seed is deterministic
     assert prediction_cache.lookup(key_like(seeded)) is not None
 
 
 def test_promotion_invalidates_the_replaced_versions_entries(tenant, target_version):
     session = finished(make_session(tenant, target_version, params=GREEDY))
-    prediction_cache.remember_session_result(session)
+    remember(session)
     assert prediction_cache.lookup(key_like(session)) is not None
 
     successor = ModelVersion.objects.create(name=target_version.name, version="2", role="target",
@@ -52,7 +58,7 @@ def test_promotion_invalidates_the_replaced_versions_entries(tenant, target_vers
 def test_non_deterministic_request_never_hits(tenant, target_version):
     sampled = {**GREEDY, "temperature": 0.8}  # no seed
     session = finished(make_session(tenant, target_version, params=sampled))
-    assert prediction_cache.remember_session_result(session) is False
+    assert remember(session) is False
     assert key_like(session) is None and prediction_cache.lookup(key_like(session)) is None
     greedy_twin = key_like(session, temperature=0.0)  # same prompt, greedy: nothing was stored for it
     assert prediction_cache.lookup(greedy_twin) is None
@@ -60,7 +66,7 @@ def test_non_deterministic_request_never_hits(tenant, target_version):
 
 def test_api_hook_serves_a_hit_as_a_succeeded_session(tenant, api_user, target_version):
     source = finished(make_session(tenant, target_version, params=GREEDY), text="cached text")
-    prediction_cache.remember_session_result(source)
+    remember(source)
     validated = {"target": target_version, "draft": None, "drafter": source.drafter, "prompt": source.prompt,
                  "prompt_tokens": source.prompt_tokens}
 
