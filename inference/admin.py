@@ -31,7 +31,7 @@ from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.models import ModelVersion, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
-from inference.submission import QueueUnavailable, submit_generation
+from inference.generations import QueueUnavailable, submit_generation
 from metadata import admin as metadata_admin
 from metadata.models import OpsRollup, RollupWidth, Session
 from metadata.sessions import detail_page as session_view

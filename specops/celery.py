@@ -2,7 +2,7 @@
 
 Queues: ``cpu``, one ``gpu.N`` per visible CUDA device, and ``maintenance``. An inference task is
 sent to its target model version's queue (``ModelVersion.queue``, from the version's device) by
-``inference.submission.submit_generation``; beat jobs go to ``maintenance`` by task name.
+``inference.generations.submit_generation``; beat jobs go to ``maintenance`` by task name.
 """
 from __future__ import annotations
 
