@@ -1,6 +1,6 @@
 """Chain drafting for the `draft_model` rows of a batch: every row's chain in shared draft forwards.
 
-A mixin of `BatchedSpeculativeEngine` (batch.py), which owns what it uses: the draft's ragged
+A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the draft's ragged
 cache (`draft_cache`, row i is `draft_rows[i]`), the step's prompt chunk, the vocabulary widths
 and the policy that is told each forward's cost. Each draft forward feeds every row that still
 drafts one token (the first one also brings the row's draft cache up to its context), so

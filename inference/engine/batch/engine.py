@@ -2,18 +2,19 @@
 
 `BatchedSpeculativeEngine` holds up to `max_rows` generations. Each `step()`:
 1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
-   or cancelled; in the separate prefill mode (a CPU's default, batch_prefill.py) feeds the
+   or cancelled; in the separate prefill mode (a CPU's default, prefill.py) feeds the
    newcomers' prompts in a forward of their own and moves those done into the batch;
 2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
-   over the draft's KV cache, batch_chains.py); `tree`, `ngram` and `suffix` rows draft with
+   over the draft's KV cache, chain_drafting.py); `tree`, `ngram` and `suffix` rows draft with
    their own drafters;
-4. verifies every row in ONE target forward over a ragged cache (see ragged_cache.py): a row
+4. verifies every row in ONE target forward over a ragged cache (see kv/ragged.py): a row
    feeds its pending token plus its draft tree; in the shared prefill mode (a GPU's default) a
    newcomer feeds the next chunk of its prompt in that forward. Either way a newcomer takes at
    most `prefill_chunk` prompt tokens a step beside decoding rows, so a long prompt never
    stalls them, and `solo_prefill_chunk` when no row decodes;
-5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row.
+5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row
+   (verification.py).
 
 Invariant between steps, per row: the target cache holds every context token but the last
 (the pending token). Output is exactly what `SpeculativeDecoder` gives alone: the same
@@ -35,9 +36,11 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedModel
 
+from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
+from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
 from inference.engine.batch.rows import (
     FINISH_CANCELLED,
-    FINISH_ERROR,
     FINISH_TIMEOUT,
     BatchRequest,
     BatchRow,
@@ -45,32 +48,31 @@ from inference.engine.batch.rows import (
     StepTiming,
     default_prefill_chunk,
 )
-from inference.engine.batch.chain_drafting import ChainDrafting
-from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
-from inference.engine.decode.decoder import branches_of, check_prompt, reseed_at, resolve_eos
+from inference.engine.batch.verification import RowVerification
+from inference.engine.decode.decoder import check_prompt, reseed_at, resolve_eos
 from inference.engine.decode.draft_length import DraftLengthSchedule
 from inference.engine.decode.draft_tree import DraftTree
+from inference.engine.decode.stopping import StopCondition
 from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_drafter
 from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
+from inference.engine.kv.ragged import RaggedCache
 from inference.engine.models.linear_kernels import prepare_kernels
 from inference.engine.models.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
 from inference.engine.models.modeling import context_length, logits_width
 from inference.engine.outputs import GenerationResult, StepOutput
-from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
-from inference.engine.kv.ragged import RaggedCache, RowInput
-from inference.engine.decode.sampling import warp_probs
-from inference.engine.decode.stopping import StopCondition
-from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
 
-class BatchedSpeculativeEngine(ChainDrafting, PrefillLane):
+__all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
+
+
+class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
     be None. Two LoadedModels are checked to be a compatible pair. decode: ids -> text, needed
     for stop strings (default: the target's tokenizer). policy: None uses a SpeculationPolicy.
-    prefill: "shared" or "separate" (batch_prefill.py); None chooses by device.
+    prefill: "shared" or "separate" (prefill.py); None chooses by device.
     """
 
     def __init__(
@@ -331,92 +333,6 @@ class BatchedSpeculativeEngine(ChainDrafting, PrefillLane):
         self._forward_seconds += seconds
         costs = self.policy.target_costs if kind == "target" else self.policy.draft_costs
         costs.observe(rows, tokens, seconds)
-
-    def _context_new(self, row: BatchRow) -> list[int]:
-        """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
-        return row.context[row.cached:row.chunk_end(self._chunk)]
-
-    def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
-        """One target forward for every row; the verdict per row (None: a prefill chunk)."""
-        inputs = []
-        for row, tree in zip(self.rows, trees):
-            context_new = self._context_new(row)
-            cached, new = row.cached, len(context_new)
-            new_mask = None
-            if not tree.is_chain:
-                new_mask = torch.ones(new + len(tree), new + len(tree), dtype=torch.bool).tril_()
-                new_mask[new:, new:] = tree.ancestor_matrix()
-            last = cached + new - 1
-            positions = list(range(cached, cached + new)) + [last + depth for depth in tree.depths]
-            inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
-        forward_started = time.perf_counter()
-        logits = self.target_cache.forward(inputs)
-        self._log_forward("target", len(inputs), max(len(item.token_ids) for item in inputs),
-                          time.perf_counter() - forward_started)
-        start = self.target_cache.last_start
-        results: list[VerifyResult | None] = []
-        for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
-            new = len(inputs[index].token_ids) - len(tree)
-            if row.prefilling:
-                row.fed_prompt = new
-                row.prefilled += new
-                if row.prefilling:
-                    results.append(None)
-                    continue
-            # [1 + nodes, vocab]: after the last context token, then after each node
-            row_logits = row_logits[new - 1:]
-            try:
-                result = self._verdict(row, tree, row_logits)
-            except Exception as error:  # a row's own failure ends that row, not the batch
-                row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
-                results.append(None)
-                continue
-            if len(tree):
-                accepted = set(result.accepted_nodes)
-                rejected = [start + new + node for node in range(len(tree)) if node not in accepted]
-                self.target_cache.drop(index, rejected)
-            results.append(result)
-        return results
-
-    def _verdict(
-        self,
-        row: BatchRow,
-        tree: DraftTree,
-        # [1 + nodes, vocab_size]
-        logits: torch.Tensor,
-    ) -> VerifyResult:
-        if row.sampling is None:
-            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
-        return verify_sampling(tree, warp_probs(logits, row.sampling), row.generator)
-
-    def _advance(self, row: BatchRow, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
-                 draft_seconds: float) -> RowEvent:
-        if result is None:
-            # still prefilling (or failed): no tokens this step
-            return self._event(row, StepOutput([], 0, 0, [], row.finish_reason), prefill_tokens=row.fed_prompt)
-        accepted = len(result.accepted_nodes)
-        new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
-        emitted, finish_reason = row.stop.clip(row.generated, new_tokens)
-        row.generated.extend(emitted)
-        row.context.extend(emitted)
-        row.finish_reason = finish_reason
-        if tree.max_depth:
-            row.schedule.update(tree.max_depth, accepted)
-            self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
-                                           sampled=row.sampling is not None)
-        stats = row.stats
-        stats.record_step(len(tree), tree.max_depth, accepted)
-        stats.new_tokens = len(row.generated)
-        stats.draft_seconds += draft_seconds
-        stats.verify_seconds += step_seconds - draft_seconds
-        stats.total_seconds = time.perf_counter() - row.started
-        bonus = bool(tree.max_depth) and not tree.children[result.accepted_nodes[-1] + 1] \
-            if result.accepted_nodes else False
-        step = StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
-                          finish_reason)
-        return self._event(row, step, bonus, prefill_tokens=row.fed_prompt)
 
     def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0) -> RowEvent:
         return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,

@@ -1,6 +1,6 @@
 """Prompts prefilled in forwards of their own, so a newcomer never widens the decoding rows' forward.
 
-Every row of a ragged forward is as wide as its widest row (ragged_cache.py). On a CPU, where a
+Every row of a ragged forward is as wide as its widest row (kv/ragged.py). On a CPU, where a
 forward costs about rows x tokens, a newcomer's prompt chunk beside decoding rows pads all of
 them: 16 rows x 8 tokens took 39.6 ms against 22.8 ms for 16 x 4 on the demo pair, and with
 speculative rows finishing one at a time nearly every step carried a chunk. In the separate
@@ -13,7 +13,7 @@ A seeded sampled row leaves its last prompt token pending and drafts on its firs
 step, as it does alone, so its tokens do not depend on the mode. On a GPU padding is nearly free and one shared forward costs less than
 two, so the shared mode (the newcomer's chunk in the decoding rows' forward) is its default.
 
-A mixin of `BatchedSpeculativeEngine` (batch.py), which owns the main caches, the rows and
+A mixin of `BatchedSpeculativeEngine` (engine.py), which owns the main caches, the rows and
 `_log_forward`.
 """
 
@@ -80,7 +80,7 @@ class PrefillLane:
         self._log_forward("prefill", len(inputs), max(len(item.token_ids) for item in inputs),
                           time.perf_counter() - started, costed=False)
         if self.lane_draft_rows:
-            # the draft never caches the last context token (batch_chains.py), so stops short of it
+            # the draft never caches the last context token (chain_drafting.py), so stops short of it
             at = {id(row): (row.prefilled, min(end, row.prompt_length - 1))
                   for row, end in zip(self.lane_rows, ends)}
             draft_inputs = [RowInput(self._draftable(row.context[at[id(row)][0]:at[id(row)][1]]),

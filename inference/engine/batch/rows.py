@@ -1,8 +1,8 @@
 """The rows of a batching engine: what a request asks, what a step reports, and a row's state.
 
-`BatchedSpeculativeEngine` (batch.py) holds one `BatchRow` per generation; its prefill
+`BatchedSpeculativeEngine` (engine.py) holds one `BatchRow` per generation; its prefill
 progress (`chunk_end`, `can_draft`), the room left for drafts and its own generator and stop
-condition live here, so batch.py is only the step itself.
+condition live here, so engine.py is only the step itself.
 """
 
 from __future__ import annotations
@@ -87,11 +87,11 @@ class StepTiming:
 def default_prefill_chunk(device: torch.device, prefill: str = "shared") -> int:
     """Prompt tokens a newcomer feeds per step beside decoding rows, by device and prefill mode.
 
-    Every row of a forward is padded to the widest (ragged_cache.py). On a GPU the padding is
+    Every row of a forward is padded to the widest (kv/ragged.py). On a GPU the padding is
     nearly free, so a newcomer takes 64 tokens a step. On a CPU it is compute: a 48-token
     chunk beside seven 5-token decode rows made an 8 x 56 forward (113 ms against 16 ms for the
     decode step, measured on the demo pair), so in the shared mode a newcomer feeds about what
-    the decode rows do; in the separate mode (batch_prefill.py) its chunk pads no decoding row
+    the decode rows do; in the separate mode (prefill.py) its chunk pads no decoding row
     and 64 tokens a step bound what a step's prefill adds to the decoding rows' step.
     """
     return 64 if device.type == "cuda" or prefill == "separate" else 8

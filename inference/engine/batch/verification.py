@@ -1,0 +1,112 @@
+"""Verification for every row of a batch: one target forward, a verdict per row, the row advanced.
+
+A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the target's ragged
+cache (`target_cache`, row i is `rows[i]`), the step's prompt chunk, `_log_forward` and
+`_event`. Each row feeds its new context tokens (a prompt chunk, or its pending token) and its
+draft tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its accepted
+path, and the rejected nodes become holes in the cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from inference.engine.batch.rows import FINISH_ERROR, BatchRow, RowEvent
+from inference.engine.decode.decoder import branches_of
+from inference.engine.decode.draft_tree import DraftTree
+from inference.engine.decode.sampling import warp_probs
+from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
+from inference.engine.kv.ragged import RowInput
+from inference.engine.outputs import StepOutput
+
+
+class RowVerification:
+    """Verifies the drafts of the engine's rows in one target forward (see the module docstring)."""
+
+    def _context_new(self, row: BatchRow) -> list[int]:
+        """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
+        return row.context[row.cached:row.chunk_end(self._chunk)]
+
+    def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
+        """One target forward for every row; the verdict per row (None: a prefill chunk)."""
+        inputs = []
+        for row, tree in zip(self.rows, trees):
+            context_new = self._context_new(row)
+            cached, new = row.cached, len(context_new)
+            new_mask = None
+            if not tree.is_chain:
+                new_mask = torch.ones(new + len(tree), new + len(tree), dtype=torch.bool).tril_()
+                new_mask[new:, new:] = tree.ancestor_matrix()
+            last = cached + new - 1
+            positions = list(range(cached, cached + new)) + [last + depth for depth in tree.depths]
+            inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
+        forward_started = time.perf_counter()
+        logits = self.target_cache.forward(inputs)
+        self._log_forward("target", len(inputs), max(len(item.token_ids) for item in inputs),
+                          time.perf_counter() - forward_started)
+        start = self.target_cache.last_start
+        results: list[VerifyResult | None] = []
+        for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
+            new = len(inputs[index].token_ids) - len(tree)
+            if row.prefilling:
+                row.fed_prompt = new
+                row.prefilled += new
+                if row.prefilling:
+                    results.append(None)
+                    continue
+            # [1 + nodes, vocab]: after the last context token, then after each node
+            row_logits = row_logits[new - 1:]
+            try:
+                result = self._verdict(row, tree, row_logits)
+            except Exception as error:  # a row's own failure ends that row, not the batch
+                row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
+                results.append(None)
+                continue
+            if len(tree):
+                accepted = set(result.accepted_nodes)
+                rejected = [start + new + node for node in range(len(tree)) if node not in accepted]
+                self.target_cache.drop(index, rejected)
+            results.append(result)
+        return results
+
+    def _verdict(
+        self,
+        row: BatchRow,
+        tree: DraftTree,
+        # [1 + nodes, vocab_size]
+        logits: torch.Tensor,
+    ) -> VerifyResult:
+        if row.sampling is None:
+            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
+        if logits.dtype not in (torch.float32, torch.float64):
+            logits = logits.float()
+        return verify_sampling(tree, warp_probs(logits, row.sampling), row.generator)
+
+    def _advance(self, row: BatchRow, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
+                 draft_seconds: float) -> RowEvent:
+        if result is None:
+            # still prefilling (or failed): no tokens this step
+            return self._event(row, StepOutput([], 0, 0, [], row.finish_reason), prefill_tokens=row.fed_prompt)
+        accepted = len(result.accepted_nodes)
+        new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
+        emitted, finish_reason = row.stop.clip(row.generated, new_tokens)
+        row.generated.extend(emitted)
+        row.context.extend(emitted)
+        row.finish_reason = finish_reason
+        if tree.max_depth:
+            row.schedule.update(tree.max_depth, accepted)
+            self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
+                                           sampled=row.sampling is not None)
+        stats = row.stats
+        stats.record_step(len(tree), tree.max_depth, accepted)
+        stats.new_tokens = len(row.generated)
+        stats.draft_seconds += draft_seconds
+        stats.verify_seconds += step_seconds - draft_seconds
+        stats.total_seconds = time.perf_counter() - row.started
+        bonus = bool(tree.max_depth) and not tree.children[result.accepted_nodes[-1] + 1] \
+            if result.accepted_nodes else False
+        step = StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
+                          finish_reason)
+        return self._event(row, step, bonus, prefill_tokens=row.fed_prompt)
