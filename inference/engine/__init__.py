@@ -8,6 +8,12 @@
 
 A LoadedModel goes straight in (its tokenizer decodes stop strings); `eos_token_id=None` stops
 at the target's own EOS. `DRAFTERS` is the registry of drafter names and the settings each takes.
+
+Subpackages, each with its public API in its ``__init__``: ``models`` (loading, lean modeling,
+kernels, variants), ``kv`` (caches), ``decode`` (one sequence: decoder, verifier, sampling,
+stopping, draft trees), ``drafters`` (one module per drafter, and their registry), ``batch``
+(many sequences in one forward). Beside them: ``config`` (GenerationConfig, DraftConfig),
+``outputs``, ``stats`` and ``errors``. No Django here: the engine runs and is tested without it.
 """
 
 from inference.engine.config import DraftConfig, GenerationConfig

@@ -1,0 +1,38 @@
+"""Many sequences in one forward: continuous batching of speculative decoding.
+
+* ``engine``: `BatchedSpeculativeEngine` (submit requests at any time, call `step()`), the step
+  itself: admission, leaving, choosing the depth, drafting;
+* ``rows``: what a request asks (`BatchRequest`), what a step reports (`RowEvent`, `StepTiming`),
+  and a row's state;
+* ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards;
+* ``verification``: every row verified in one target forward;
+* ``prefill``: the prefill lane (a newcomer's prompt in forwards of its own) and the modes;
+* ``policy``: how deep to speculate each step, from measured costs and acceptance.
+"""
+
+from inference.engine.batch.engine import BatchedSpeculativeEngine
+from inference.engine.batch.policy import PolicyDecision, SpeculationPolicy
+from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PREFILL_SHARED
+from inference.engine.batch.rows import (
+    FINISH_CANCELLED,
+    FINISH_ERROR,
+    FINISH_TIMEOUT,
+    BatchRequest,
+    RowEvent,
+    StepTiming,
+)
+
+__all__ = [
+    "FINISH_CANCELLED",
+    "FINISH_ERROR",
+    "FINISH_TIMEOUT",
+    "PREFILL_MODES",
+    "PREFILL_SEPARATE",
+    "PREFILL_SHARED",
+    "BatchRequest",
+    "BatchedSpeculativeEngine",
+    "PolicyDecision",
+    "RowEvent",
+    "SpeculationPolicy",
+    "StepTiming",
+]

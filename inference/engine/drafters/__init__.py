@@ -1,4 +1,12 @@
-"""Drafters, one module each, behind the `Drafter` interface; the registry names and builds them."""
+"""Drafters, one module each, behind the `Drafter` interface; the registry names and builds them.
+
+* ``base``: the `Drafter` interface (`propose` a `DraftTree` for a `DraftRequest`), `NoDrafter`;
+* ``draft_model``: chains from a small draft model; ``tree``: trees from it, shaped by
+  ``tree_plan`` and ``calibration``; ``ngram``: prompt lookup (what followed the last n tokens
+  earlier in the context); ``suffix``: what followed the context's suffix in earlier outputs;
+* ``registry``: `DRAFTERS`, the one list of drafter kinds (name, constructor, draft-model need,
+  settings), and `build_drafter`.
+"""
 
 from __future__ import annotations
 
