@@ -1,8 +1,11 @@
 """Building the demo pair without a network (corpus, tokenizer, training): not the runtime.
 
 `demo_build_progress()` is this package's view for readers (the admin dashboard): where the
-running (or latest) demo build stands. `builder.build_demo_models` builds; `jobs` builds and
-registers as `manage.py build_demo_models` does.
+running (or latest) demo build stands. `builder.build_demo_models` builds what a
+`build_config.DemoBuildConfig` describes; `jobs` builds and registers as `manage.py
+build_demo_models` does, with `progress.BuildProgress` keeping the build's record
+(`inference.build_records`, which the registry reads without importing this package).
+`tiny_models` builds the tests' and benches' tiny pairs the same way.
 """
 from __future__ import annotations
 

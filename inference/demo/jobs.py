@@ -4,8 +4,8 @@
 the quick pair (`demo:quick-<seed>`, `DemoBuildConfig.starter`, well under a minute) is
 registered and promoted when nothing else serves, then the full pair (`demo:seed<seed>`, the
 default config, 10+ minutes) trains at a lower priority and is promoted over the quick one.
-Each build's progress is in Redis (`inference.demo.progress`); a killed build resumes from
-its checkpoints the next time.
+Each build's progress is in Redis (`inference.demo.progress`, `inference.build_records`); a
+killed build resumes from its checkpoints the next time.
 """
 from __future__ import annotations
 
