@@ -63,11 +63,3 @@ def quantile(buckets: Sequence[int], q: float) -> float | None:
 
 _LOWS = (0.0, *EDGES_MS)
 _HIGHS = (*EDGES_MS, EDGES_MS[-1])
-
-
-def share_below(buckets: Sequence[int], threshold_ms: float) -> float | None:
-    """Share of observations under ``threshold_ms``, which must be an edge (then it is exact)."""
-    if threshold_ms not in EDGES_MS:
-        raise ValueError(f"threshold_ms: {threshold_ms} is not one of the histogram edges")
-    n = sum(buckets)
-    return sum(buckets[: bucket_of(threshold_ms)]) / n if n else None

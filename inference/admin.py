@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -33,7 +34,7 @@ from inference.models import ModelVersion, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.generations import QueueUnavailable, submit_generation
 from metadata import admin as metadata_admin
-from metadata.models import OpsRollup, RollupWidth, Session
+from metadata.models import Session
 from metadata.sessions import detail_page as session_view
 from core.charts import PALETTE, Series, line_chart
 
@@ -130,7 +131,9 @@ class SessionAdmin(metadata_admin.SessionAdmin):
 def pair_acceptance_chart(targets=None, days: int = ACCEPTANCE_DAYS) -> str:
     """Hourly acceptance (accepted / drafted) of each (target, draft) pair, from the rollups."""
     since = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=days)
-    rows = OpsRollup.objects.filter(width=RollupWidth.HOUR, series="pair", start__gte=since).order_by("start")
+    # The rollups are the ops app's, a floor above this one: its model is looked up, not imported.
+    rollups = apps.get_model("ops", "OpsRollup")
+    rows = rollups.objects.filter(width=60, series="pair", start__gte=since).order_by("start")  # 60: RollupWidth.HOUR
     if targets is not None:
         rows = [r for r in rows if r.key.split(":")[0] in {str(t) for t in targets}]
     hours = sorted({r.start for r in rows})

@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from celery import shared_task
 
-from metadata.cache.snapshots import snapshot_cache_stats  # noqa: F401  (registers the beat task)
+from metadata.cache.stats_snapshots import snapshot_cache_stats  # noqa: F401  (registers the beat task)
 from metadata.maintenance.runner import execute_run
 from metadata.partitions import MaintenanceLockBusy, PartitionRotation, rotate_recent_index
 

@@ -16,18 +16,18 @@ from typing import NamedTuple
 from django.db import connection
 from django.utils import timezone
 
+from core import histograms
+from core.charts import PALETTE, Reference, Series, bar_chart, line_chart
+from core.conf import conf
 from inference.models import ModelVersion, VersionStatus
 from inference.worker.metrics import ITL_SLO_SECONDS, TTFT_SLO_SECONDS
 from metadata.models import (
     LIVE_STATUSES,
     ArchivalStep,
-    OpsRollup,
     PartitionArchivalJob,
-    RollupWidth,
     Session,
 )
-from core.conf import conf
-from core import histograms
+from ops.models import OpsRollup, RollupWidth
 from ops.rollups import (
     PROGRESS_SERIES,
     Slot,
@@ -35,7 +35,6 @@ from ops.rollups import (
     floor_minute,
     merge_rows,
 )
-from core.charts import PALETTE, Reference, Series, bar_chart, line_chart
 
 LIVE_MINUTES = 60
 DAY_HOURS = 24

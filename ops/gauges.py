@@ -1,16 +1,12 @@
-"""The beat entries of the operator views: Prometheus gauges sampled on a schedule, and the rollups.
+"""The operators' Prometheus gauges, set from one sample of the broker and the database.
 
-Gauges are sampled on a schedule (not at scrape time) because /metrics is served from several
-processes through PROMETHEUS_MULTIPROC_DIR, where a scrape-time collector would not be
-aggregated; they use the ``mostrecent`` mode so the latest sample wins whichever process took it.
-``roll_up_ops`` is the rollup job's entry (``ops.rollups``); it lives here because this
-module is the one the worker imports (``ops.tasks``).
+Gauges are sampled on a schedule (the ``ops.sample_ops_metrics`` beat task, ``ops.tasks``), not
+at scrape time, because /metrics is served from several processes through
+PROMETHEUS_MULTIPROC_DIR, where a scrape-time collector would not be aggregated; they use the
+``mostrecent`` mode so the latest sample wins whichever process took it.
 """
 from __future__ import annotations
 
-import logging
-
-from celery import shared_task
 from prometheus_client import Gauge
 
 from ops.readings import (
@@ -20,9 +16,7 @@ from ops.readings import (
     queue_lengths,
 )
 
-logger = logging.getLogger(__name__)
-
-__all__ = ["archival_job_counts", "default_partition_rows", "queue_lengths", "roll_up_ops", "sample_ops_metrics"]
+__all__ = ["archival_job_counts", "default_partition_rows", "queue_lengths", "sample_and_set_gauges"]
 
 QUEUE_LENGTH = Gauge("specops_celery_queue_length", "Messages waiting in a Celery queue.", ["queue"],
                      multiprocess_mode="mostrecent")
@@ -32,8 +26,7 @@ ARCHIVAL_JOBS = Gauge("specops_archival_jobs", "Partition archival jobs by step.
                       multiprocess_mode="mostrecent")
 
 
-@shared_task(name="specops.sample_ops_metrics")
-def sample_ops_metrics() -> dict:
+def sample_and_set_gauges() -> dict:
     """Set the gauges from the broker and the database; return what was sampled."""
     sample = {"queues": queue_lengths(device_queues()), "default_rows": default_partition_rows(),
               "archival_jobs": archival_job_counts()}
@@ -44,13 +37,3 @@ def sample_ops_metrics() -> dict:
     for step, value in sample["archival_jobs"].items():
         ARCHIVAL_JOBS.labels(step).set(value)
     return sample
-
-
-@shared_task(name="specops.roll_up_ops")
-def roll_up_ops() -> dict:
-    """Beat entry (every 30 s, registered by migration metadata 0007): one rollup run."""
-    from ops.rollups import roll_up
-
-    run = roll_up()
-    return {"start": run.start and run.start.isoformat(), "end": run.end and run.end.isoformat(),
-            "sessions": run.sessions, "rows": run.rows, "caught_up": run.caught_up, "skipped": run.skipped}

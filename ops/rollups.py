@@ -6,7 +6,7 @@ and a percentile over them per page view is what this module exists to avoid.
 Series (``series`` / ``key``; ``count``, ``total``, ``buckets`` = latency histogram in ms):
 
 * ``api`` / status class: requests, sum of ms, histogram. Written on request-log write
-  (``metadata.sessions.request_log``); ``backfill_api`` rebuilds minutes from the raw log.
+  (``ops.request_rollups``); ``backfill_api`` rebuilds minutes from the raw log.
 * ``generation`` / drafter: sessions that ended; ``values``: succeeded, failed, cancelled,
   tokens, steps, drafted, accepted, per-position drafted/accepted lists, draft/verify seconds.
 * ``ttft`` and ``itl`` / drafter, ``queue_wait`` / device queue: latency histograms (TTFT from
@@ -39,21 +39,20 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
+from core import histograms
 from metadata.models import (
     CacheStatsSnapshot,
-    OpsRollup,
     RequestLog,
-    RollupWidth,
     Session,
     Tenant,
 )
-from core import histograms
-from ops import readings
 from metadata.sessions.timings import (
     step_times_from_stream,
     streams_of,
     timings_from_steps,
 )
+from ops import readings
+from ops.models import OpsRollup, RollupWidth
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ def dashboard(request):
 
 def latency_budget(request):
     """The latency budget of seed 002: each component's measured p95 against its budget."""
-    from core.latency_budget import budget_context
     from core.charts import Reference, Series, bar_chart
+    from core.latency_budget import budget_context
 
     numbers = budget_context()
     points = [(line.component.label, line.used_percent) for line in numbers["lines"]]

@@ -30,7 +30,7 @@ app.conf.update(
     # a generation on a model queue.
     task_routes={
         "metadata.*": {"queue": MAINTENANCE_QUEUE},
-        "specops.*": {"queue": MAINTENANCE_QUEUE},
+        "ops.*": {"queue": MAINTENANCE_QUEUE},
         "inference.reconcile_sessions": {"queue": MAINTENANCE_QUEUE},
     },
     # Model queues: a worker reserves one message per execution slot (--concurrency x prefetch 1;
@@ -60,7 +60,7 @@ def register_task_modules(sender: Celery, **kwargs) -> None:
 
 # How much longer than the longest generation task the Redis broker waits before it gives an
 # unacknowledged task back (the task thread waits GENERATION_TIMEOUT_S + 60 s at most:
-# inference.worker.session_run.WAIT_MARGIN_S).
+# inference.worker.lifecycle.WAIT_MARGIN_S).
 VISIBILITY_MARGIN_S = 120
 
 

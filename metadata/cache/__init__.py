@@ -30,7 +30,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """The snapshot needs the models: loaded on first use, so importing the cache does not."""
     if name == "snapshot_cache_stats_now":
-        from metadata.cache.snapshots import snapshot_cache_stats_now
+        from metadata.cache.stats_snapshots import snapshot_cache_stats_now
 
         return snapshot_cache_stats_now
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

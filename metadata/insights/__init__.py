@@ -2,13 +2,13 @@
 
 A beat job (``snapshot_statements``, task ``metadata.insights.snapshot_statements``, every
 ``SPECOPS_INSIGHTS_SNAPSHOT_MINUTES``) stores per-interval deltas of pg_stat_statements for the
-primary and each replica in the partitioned ``StatementSnapshot`` table (``snapshots``). From
+primary and each replica in the partitioned ``StatementSnapshot`` table (``statement_snapshots``). From
 those rows: the top statements of a window (``hot_queries``), each statement's normalised text,
 family and the code that sent it (``statements``; the SQL tag comes from ``tagging``), the
 hour x family latency heatmap (``heatmap``), sequential scans of big tables in generic plans
 (``explain``), and the capacity plan with its buffer (``capacity``, on the inputs of ``load``).
 
-Modules: ``statements``, ``tagging``, ``snapshots``, ``hot_queries``, ``explain``, ``heatmap``,
+Modules: ``statements``, ``tagging``, ``statement_snapshots``, ``hot_queries``, ``explain``, ``heatmap``,
 ``load``, ``capacity``, ``window``, ``beat`` (the schedule entry), ``tasks``, ``admin`` (the two
 admin pages, imported by ``metadata/admin.py``).
 """
@@ -20,7 +20,7 @@ from metadata.insights.explain import PlanCheck, SequentialScan, sequential_scan
 from metadata.insights.heatmap import Heatmap, heatmap_svg, latency_heatmap
 from metadata.insights.hot_queries import ORDERS, DatabaseStatements, HotQuery, hot_queries, with_plans
 from metadata.insights.load import DatabaseLoad, Rate, Storage, TableGrowth
-from metadata.insights.snapshots import (
+from metadata.insights.statement_snapshots import (
     SNAPSHOT_LOCK,
     SnapshotReport,
     StatementSnapshotter,

@@ -13,14 +13,14 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
 
+from core.charts import Series, bar_chart, line_chart
 from metadata.conf import conf
 from metadata.insights.capacity import capacity_plan
 from metadata.insights.heatmap import heatmap_svg, latency_heatmap
 from metadata.insights.hot_queries import ORDERS, hot_queries, with_plans
-from metadata.insights.snapshots import MARKER_QUERYID, database_aliases
+from metadata.insights.statement_snapshots import MARKER_QUERYID, database_aliases
 from metadata.insights.window import WINDOW_CHOICES_HOURS, Window
 from metadata.models import StatementBaseline
-from core.charts import Series, bar_chart, line_chart
 
 LIMIT = 20
 COLORS = ("#417690", "#ba2121", "#5b8c2a", "#b36b00", "#6a3d9a")

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from celery import shared_task
 
 from metadata.insights.beat import SNAPSHOT_TASK
-from metadata.insights.snapshots import StatementSnapshotter
+from metadata.insights.statement_snapshots import StatementSnapshotter
 from metadata.partitions import MaintenanceLockBusy
 
 logger = logging.getLogger(__name__)

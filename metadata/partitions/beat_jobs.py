@@ -1,6 +1,6 @@
 """The periodic maintenance jobs, registered in django-celery-beat's database schedule.
 
-Registration is idempotent (by task name) and leaves alone what an operator changed in the admin
+Registration (``core.beat_jobs``) is idempotent by job name and leaves alone what an operator changed in the admin
 afterwards (interval, enabled); the data migration runs it once, and ``partitions schedule``
 runs it again on demand.
 """
@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 from django.apps import apps as global_apps
 from django.db import DEFAULT_DB_ALIAS, transaction
-from django.utils import timezone
 
+from core.beat_jobs import register_periodic_job
+from core.queues import MAINTENANCE_QUEUE
 from metadata.conf import conf
 
-MAINTENANCE_QUEUE = "maintenance"
+__all__ = ["MAINTENANCE_QUEUE", "PeriodicJob", "periodic_jobs", "register_periodic_tasks"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ def periodic_jobs() -> list[PeriodicJob]:
                     int(conf.PARTITION_ROTATE_MINUTES)),
         PeriodicJob("specops: rotate recent-activity index", "metadata.tasks.rotate_recent_activity_index",
                     int(conf.RECENT_INDEX_ROTATE_MINUTES)),
-        PeriodicJob("specops: cache stats snapshot", "metadata.cache_tasks.snapshot_cache_stats", 1),
-        PeriodicJob("specops: sample operational gauges", "specops.sample_ops_metrics", 1),
+        PeriodicJob("specops: cache stats snapshot", "metadata.cache.snapshot_cache_stats", 1),
+        PeriodicJob("specops: sample operational gauges", "ops.sample_ops_metrics", 1),
         # Sessions whose worker died or whose task the broker lost (inference.worker.reconciler):
         # with the 30 s lease, a dead worker's session is back on its queue within ~45 s.
         PeriodicJob("specops: reconcile sessions", "inference.reconcile_sessions", 0, every_seconds=15),
@@ -51,21 +52,10 @@ def register_periodic_tasks(apps=global_apps, using: str = DEFAULT_DB_ALIAS) -> 
     """
     created = []
     with transaction.atomic(using=using):  # all or nothing; and the router keeps reads on the primary
-        _register(apps, using, created)
+        for job in periodic_jobs():
+            every, period = job.interval
+            if register_periodic_job(apps, using, name=job.name, task=job.task, every=every, period=period,
+                                     queue=MAINTENANCE_QUEUE,
+                                     description="Registered by metadata.partitions.beat_jobs; edit freely."):
+                created.append(job.name)
     return created
-
-
-def _register(apps, using: str, created: list[str]) -> None:
-    interval_model = apps.get_model("django_celery_beat", "IntervalSchedule")
-    task_model = apps.get_model("django_celery_beat", "PeriodicTask")
-    changed_model = apps.get_model("django_celery_beat", "PeriodicTasks")
-    for job in periodic_jobs():
-        if task_model.objects.using(using).filter(name=job.name).exists():
-            continue
-        every, period = job.interval
-        interval, _ = interval_model.objects.using(using).get_or_create(every=every, period=period)
-        task_model.objects.using(using).create(name=job.name, task=job.task, interval=interval, queue=MAINTENANCE_QUEUE,
-                                  description="Registered by metadata.partitions.beat_jobs; edit freely.")
-        created.append(job.name)
-    if created:  # tell a running beat to reload its schedule (signals do not fire on historical models)
-        changed_model.objects.using(using).update_or_create(ident=1, defaults={"last_update": timezone.now()})

@@ -20,8 +20,8 @@ from django.contrib.auth.models import Permission
 
 from inference.models import ModelVersion, VersionStatus
 from metadata.models import Session, TokenRecord
-from specops.celery import app
 from ops.rollups import roll_up
+from specops.celery import app
 from tests.metadata.test_admin_sessions import make_session
 from tests.ops.test_dashboard import finished_session
 from tests.worker_process import ROOT, start_worker, stop_worker

@@ -14,8 +14,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
-from specops.celery import app
 from core.latency_budget import COMPONENTS, Distribution, budget_lines, collect
+from specops.celery import app
 from tests.web_process import start_web, stop_web
 from tests.worker_process import start_worker, stop_worker
 

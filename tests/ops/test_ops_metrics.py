@@ -8,7 +8,7 @@ from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from metadata.models import RequestLog
-from ops.gauges import sample_ops_metrics
+from ops.tasks import sample_ops_metrics
 
 
 @pytest.mark.django_db

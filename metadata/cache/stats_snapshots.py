@@ -14,11 +14,10 @@ from celery import shared_task
 from django.db import transaction
 from django.utils import timezone
 
+from core.queues import MAINTENANCE_QUEUE
 from metadata.cache.counters import EVENTS, STATS_HASH, flush_to_redis
 from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, default_guard
 from metadata.models import CacheStatsSnapshot
-
-MAINTENANCE_QUEUE = "maintenance"  # specops.celery.MAINTENANCE_QUEUE (not imported: no app import here)
 
 
 def snapshot_cache_stats_now(guard: RedisGuard | None = None) -> int:
@@ -51,7 +50,7 @@ def snapshot_cache_stats_now(guard: RedisGuard | None = None) -> int:
     return len(rows)
 
 
-@shared_task(name="metadata.cache_tasks.snapshot_cache_stats", queue=MAINTENANCE_QUEUE)
+@shared_task(name="metadata.cache.snapshot_cache_stats", queue=MAINTENANCE_QUEUE)
 def snapshot_cache_stats() -> int:
     """Beat entry: every minute."""
     return snapshot_cache_stats_now()
