@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import multiprocessing as mp
 import statistics
 import sys
 import tempfile
@@ -177,23 +176,15 @@ def writers_during_rotation(args, url: str, archive_dir: str, today: dt.datetime
     from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation
 
     before = count("metadata_token")
-    ctx = mp.get_context("spawn")
-    stop, results = ctx.Event(), ctx.Queue()
     created = today + dt.timedelta(hours=1)
-    procs = [ctx.Process(target=workload.writer_process, args=(url, archive_dir, created, stop, results))
-             for _ in range(args.writers)]
-    for proc in procs:
-        proc.start()
+    writers = workload.WriterProcesses(workload.writer_process, (url, archive_dir, created), args.writers)
     time.sleep(args.window + 3)  # start-up and warm-up, then the "before" window
     rotation_start = time.time()
     report = PartitionRotation(PartitionPolicy(retention=dt.timedelta(days=args.days - 5)),
                                progress=lambda _: None).run(now)
     rotation_end = time.time()
     time.sleep(args.window)
-    stop.set()
-    per_writer = [results.get(timeout=120) for _ in procs]
-    for proc in procs:
-        proc.join()
+    per_writer = writers.finish()
     batches = [b for writer in per_writer for b in writer]
     stall = max(b[0] - a[0] for writer in per_writer for a, b in zip(writer, writer[1:])
                 if rotation_start <= b[0] <= rotation_end + 1)

@@ -10,7 +10,6 @@ unpartitioned table of ``--convert-sessions`` rows while ``--writers`` processes
 from __future__ import annotations
 
 import datetime as dt
-import multiprocessing as mp
 import statistics
 import time
 from collections.abc import Callable
@@ -157,12 +156,7 @@ def conversion_with_writers(args, url: str, now: dt.datetime, today: dt.datetime
         (tokens_before,) = conn.execute(f"SELECT sum(token_count) FROM {CONVERTED}").fetchone()
     size_note = "" if rows >= args.sessions else f" (a smaller table than the {args.sessions:,} above: --convert-sessions)"
     say(f"conversion: {loaded:,} sessions in unpartitioned {CONVERTED}{size_note}")
-    ctx = mp.get_context("spawn")
-    stop, results = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=workload.session_writer_process, args=(url, CONVERTED, ids, stop, results))
-             for _ in range(args.writers)]
-    for proc in procs:
-        proc.start()
+    writers = workload.WriterProcesses(workload.session_writer_process, (url, CONVERTED, ids), args.writers)
     time.sleep(args.window + 2)
     marks: list[tuple[float, str]] = []
     begin = time.time()
@@ -170,10 +164,7 @@ def conversion_with_writers(args, url: str, now: dt.datetime, today: dt.datetime
                                     progress=lambda line: marks.append((time.time(), line)), drop_old=True)
     end = time.time()
     time.sleep(2)
-    stop.set()
-    outcome = [results.get(timeout=120) for _ in procs]
-    for proc in procs:
-        proc.join()
+    outcome = writers.finish()
     commits = [c for writer, _ in outcome for c in writer]
     errors = [e for _, writer_errors in outcome for e in writer_errors]
     inserted, updated = sum(c[1] for c in commits), sum(c[2] for c in commits)

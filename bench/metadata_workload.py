@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import multiprocessing as mp
 import os
 import time
 import uuid
+from collections.abc import Callable
 
 BENCH_DB = "specops_bench"
 
@@ -96,6 +98,27 @@ def writer_process(url: str, archive_dir: str, created: dt.datetime, stop, resul
             written = insert_ignoring_conflicts(TokenRecord, rows, batch_size=batch_size)  # one transaction
             batches.append((time.time(), written))
     results.put(batches)
+
+
+class WriterProcesses:
+    """``count`` processes of ``target(*args, stop, results)``, started at once; each writes until
+    ``finish()`` stops it and reports once. Processes, not threads: threads would share one GIL
+    with the maintenance being measured."""
+
+    def __init__(self, target: Callable[..., None], args: tuple, count: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.stop, self.results = ctx.Event(), ctx.Queue()
+        self.processes = [ctx.Process(target=target, args=(*args, self.stop, self.results)) for _ in range(count)]
+        for process in self.processes:
+            process.start()
+
+    def finish(self) -> list:
+        """Stop every writer; their reports."""
+        self.stop.set()
+        reports = [self.results.get(timeout=120) for _ in self.processes]
+        for process in self.processes:
+            process.join()
+        return reports
 
 
 def rows_between(batches: list[tuple[float, int]], start: float, end: float) -> int:
