@@ -15,6 +15,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.engine.models.loading import LoadedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -101,7 +105,7 @@ def require_demo_pair(model_dir: Path) -> None:
         sys.exit(f"error: no demo pair in {model_dir}; build it first (python manage.py build_demo_models)")
 
 
-def load_pair_dirs(target_dir: Path, draft_dir: Path, device: str = "cpu"):
+def load_pair_dirs(target_dir: Path, draft_dir: Path, device: str = "cpu") -> tuple[LoadedModel, LoadedModel]:
     """(target, draft) ``LoadedModel``s through production's loading path; a one-line error and
     exit when either directory holds no model."""
     for directory in (target_dir, draft_dir):
@@ -113,7 +117,7 @@ def load_pair_dirs(target_dir: Path, draft_dir: Path, device: str = "cpu"):
     return load_model_pair(target_dir, draft_dir, device=device)
 
 
-def load_demo_pair(model_dir: Path, device: str = "cpu"):
+def load_demo_pair(model_dir: Path, device: str = "cpu") -> tuple[LoadedModel, LoadedModel]:
     """(target, draft) ``LoadedModel``s of ``model_dir``'s demo pair (``demo-target``, ``demo-draft``)."""
     return load_pair_dirs(Path(model_dir) / "demo-target", Path(model_dir) / "demo-draft", device)
 
