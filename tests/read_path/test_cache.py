@@ -274,7 +274,7 @@ def test_a_session_write_writes_its_state_through(tenant, target_version):
     after the commit, and stores it in Redis and here; the next reader loads nothing."""
     session = make_session(tenant, target_version)
     cache = cache_for(STATE)
-    ident, key = str(session.pk), cache.key(str(session.pk))
+    key = cache.key(str(session.pk))
     assert cache.policy is WritePolicy.WRITE_THROUGH
     assert get_session_state(session.pk)["status"] == SessionStatus.QUEUED
     assert cache.redis.get(key)[0] is not None
