@@ -102,10 +102,15 @@ def clear_cache_keys(ids: list[str]) -> None:
 def warm_by_write_through(ids: list[str]) -> None:
     """Leave Redis as production does: each session's state written through at its last update
     (in-process tiers start empty in the spawned readers)."""
+    from metadata.cache import default_guard
     from metadata.sessions import STATE, invalidate_session
 
     for sid in ids:
         invalidate_session(sid, regions=[STATE])
+    keys = [f"specops:c:session_state:{sid}" for sid in ids]
+    present = default_guard().run(lambda client: client.exists(*keys))
+    if present != len(ids):  # otherwise the warm modes would measure a cold start (issue 28)
+        raise SystemExit(f"after the write-through warm-up {present} of {len(ids)} sessions' states are in Redis")
 
 
 def run_processes(target, args_for, count: int, timeout_s: float = 600) -> list:

@@ -3,13 +3,14 @@
 Two regions per session, cached under separate keys so a write can invalidate just one:
 
 * ``state`` (id, tenant, status, token_count, updated_at): what speculative branches and pollers
-  read over and over. One index-only scan of ``session_state_covering``.
-* ``detail``: the whole row with its target model, for ``GET /api/v1/sessions/{id}/``; its
-  ``text`` is the large part.
-
-Both are cache-aside: a write only invalidates (after commit), and the next reader loads. A
-worker writes after every token batch, so reloading a region at each write (write-through) would
-put a primary read on the generation's hot path for a value nobody may read before the next batch.
+  read over and over. One index-only scan of ``session_state_covering``. Write-through: a write
+  reloads it from the primary right after commit and stores it in Redis, so the next burst starts
+  warm in every process (cache-aside left Redis empty after each write, and every process's first
+  read of the session went to PostgreSQL: issue 28). The reload is one primary read per session
+  and commit, on the writer's thread: the worker writes progress at most every
+  ``SPECOPS_PROGRESS_MS`` (one transaction for all its sessions), off the batching loop.
+* ``detail``: the whole row with its target model, for ``GET /api/v1/sessions/{id}/``.
+  Cache-aside: read far less often, and its ``text`` is the large part.
 
 Writers that use ``Session.objects.filter(...).update(...)`` (no post_save signal) must call
 ``invalidate_session(session_id)`` afterwards; ``save()`` and ``delete()`` are covered by the
@@ -70,7 +71,7 @@ def load_session_detail(ident: str, min_lsn: int = 0) -> Versioned:
 def build_state_cache(*, local: bool = True, redis: bool = True, coalesce: bool = True,
                       guard: RedisGuard | None = None, config: CacheConfig | None = None) -> TwoTierCache:
     """A session-state cache; the benchmark and tests build variants (a tier or coalescing off)."""
-    return TwoTierCache("session_state", load_session_state, WritePolicy.CACHE_ASIDE,
+    return TwoTierCache("session_state", load_session_state, WritePolicy.WRITE_THROUGH,
                         local=local, redis=redis, coalesce=coalesce, guard=guard, config=config)
 
 

@@ -269,13 +269,13 @@ def test_snapshot_writes_one_row_per_cache_and_tier(build_cache, tenant, target_
     assert snapshot_cache_stats_now() == 0  # counted once: nothing new since
 
 
-def test_a_session_write_only_invalidates_its_state(tenant, target_version):
-    """The state region is cache-aside: a worker's write after a token batch drops the entry and
-    reads nothing (no reload from the primary on the generation's path); the next reader loads."""
+def test_a_session_write_writes_its_state_through(tenant, target_version):
+    """The state region is write-through: a worker's write reloads the entry from the primary once,
+    after the commit, and stores it in Redis and here; the next reader loads nothing."""
     session = make_session(tenant, target_version)
     cache = cache_for(STATE)
-    ident, key = str(session.pk), cache.key(str(session.pk))
-    assert cache.policy is WritePolicy.CACHE_ASIDE
+    key = cache.key(str(session.pk))
+    assert cache.policy is WritePolicy.WRITE_THROUGH
     assert get_session_state(session.pk)["status"] == SessionStatus.QUEUED
     assert cache.redis.get(key)[0] is not None
     loads = cache.loads
@@ -283,9 +283,11 @@ def test_a_session_write_only_invalidates_its_state(tenant, target_version):
     with transaction.atomic():
         set_status(session, SessionStatus.RUNNING)
         invalidate_session(session.pk)
+        assert cache.loads == loads  # nothing before the commit
     entry, key_floor = cache.redis.get(key)
-    assert entry is None and key_floor > 0 and key not in cache._local
-    assert cache.loads == loads  # the write made no read
+    assert entry.value["status"] == SessionStatus.RUNNING and entry.source_lsn >= key_floor > 0
+    assert cache.loads == loads + 1  # one reload, from the primary, after the commit
 
     assert get_session_state(session.pk)["status"] == SessionStatus.RUNNING
+    assert lsn.served_by()[-1] == "cache:local"
     assert cache.loads == loads + 1
