@@ -49,7 +49,7 @@ from inference.engine import (  # noqa: E402
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
 from inference.engine.models.loading import load_causal_lm  # noqa: E402
 from inference.engine.batch.policy import SpeculationPolicy  # noqa: E402
-from inference.engine.models.variant_dirs import build_variant_dir  # noqa: E402
+from inference.engine.models.variant_writer import build_variant_dir  # noqa: E402
 from inference.engine.models.variants import model_size_bytes  # noqa: E402
 
 #: configuration -> (target variant, draft variant); None is the fp32 directory itself

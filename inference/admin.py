@@ -32,7 +32,7 @@ from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.models import ModelVersion, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
-from inference.generations import QueueUnavailable, submit_generation
+from inference.generations import GenerationRefused, submit_generation
 from metadata import admin as metadata_admin
 from metadata.models import Session
 from metadata.sessions import detail_page as session_view
@@ -102,7 +102,7 @@ class SessionAdmin(metadata_admin.SessionAdmin):
     def _rerun(self, request, session: Session) -> Session | None:
         try:
             new = rerun(session, request.user)
-        except (RerunError, QueueUnavailable) as exc:
+        except (RerunError, GenerationRefused) as exc:
             self.message_user(request, f"Session {session.pk} was not re-run: {exc}", messages.ERROR)
             return None
         url = reverse("admin:metadata_session_change", args=[new.pk])

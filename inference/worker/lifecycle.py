@@ -81,15 +81,11 @@ def renew_leases(session_ids: Iterable) -> None:
 # -- prepare ------------------------------------------------------------------------------
 
 def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfig:
-    return GenerationConfig(
-        max_new_tokens=params["max_new_tokens"],
-        temperature=params.get("temperature", 0.0),
-        top_k=params.get("top_k", 0),
-        top_p=params.get("top_p", 1.0),
-        seed=params.get("seed"),
-        stop_strings=tuple(params.get("stop", ())),
-        eos_token_id=eos_token_id,
-    )
+    """The engine's config from the session's stored parameters; a parameter an older row lacks
+    takes ``GenerationConfig``'s own default (the one home of request defaults)."""
+    given = {name: params[name] for name in ("temperature", "top_k", "top_p", "seed") if name in params}
+    return GenerationConfig(max_new_tokens=params["max_new_tokens"], stop_strings=tuple(params.get("stop", ())),
+                            eos_token_id=eos_token_id, **given)
 
 
 def draft_config(drafter: str, params: dict) -> DraftConfig:

@@ -8,7 +8,7 @@ process's local tier. Redis is reached through a ``RedisGuard``, which skips it 
 
 Modules: ``two_tier`` (the cache), ``local_tier`` (in-process TTL LRU), ``redis_tier`` (Redis
 tier, guard, versioned values), ``invalidation`` (after-commit hooks and the pub/sub bus),
-``counters`` (counters), ``snapshots`` (the beat task that stores them).
+``counters`` (counters), ``stats_snapshots`` (the beat task that stores them).
 """
 from __future__ import annotations
 

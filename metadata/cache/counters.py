@@ -2,7 +2,7 @@
 
 Counted twice on purpose. Prometheus counters serve live dashboards. Plain per-process deltas
 are added into one Redis hash every few seconds, so the periodic snapshot
-(``metadata.cache.snapshots``) can write one row per cache and tier covering every process: a Celery
+(``metadata.cache.stats_snapshots``) can write one row per cache and tier covering every process: a Celery
 task only sees its own process's counters, which are not the API's.
 """
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_one_generation_is_one_trace_from_the_request_to_the_batch_writes(
 
 def test_tracing_off_is_the_no_op_tracer():
     """Without SPECOPS_TRACING the web process installs nothing: OpenTelemetry's proxy provider."""
-    probe = ("import specops.asgi; from opentelemetry import trace; from specops import tracing; "
+    probe = ("import specops.asgi; from opentelemetry import trace; from core import tracing; "
              "print(type(trace.get_tracer_provider()).__name__, tracing.enabled(), tracing.session_trace('x', None))")
     env = {key: value for key, value in __import__("os").environ.items() if not key.startswith("SPECOPS_TRACING")}
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
