@@ -4,7 +4,9 @@
 1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
    or cancelled; in the separate prefill mode (a CPU's default, prefill.py) feeds the
    newcomers' prompts in a forward of their own and moves those done into the batch;
-2. asks the speculation policy how deep to draft (0 when speculation would cost throughput);
+2. asks the speculation policy how deep to draft (0 when speculation would cost throughput;
+   its cost models start from a table of forwards profiled when the engine is built,
+   profiling.py, so the first request's steps draft where drafting pays);
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
    over the draft's KV cache, chain_drafting.py); `tree`, `ngram` and `suffix` rows draft with
    their own drafters;
@@ -39,6 +41,7 @@ from transformers import PreTrainedModel
 from inference.engine.batch.chain_drafting import ChainDrafting
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
+from inference.engine.batch.profiling import profile_step_costs
 from inference.engine.batch.rows import (
     FINISH_CANCELLED,
     FINISH_TIMEOUT,
@@ -108,6 +111,12 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
         self.draft_vocab = draft.get_input_embeddings().num_embeddings if draft is not None else 0
         self.draft_context = context_length(draft) if draft is not None else 0
         prepare_kernels(target, draft)  # measured now, not inside a timed forward
+        if self.policy.enabled and not self.policy.target_costs.observations:
+            # the policy's cost table, so the first step's depth rests on measured costs (a
+            # policy handed in already measured keeps its own)
+            vocab = min(target.get_input_embeddings().num_embeddings, self.draft_vocab or self.vocab_width)
+            profile_step_costs(self.policy, target, draft, max_rows, self.context_length,
+                               self.draft_context, vocab)
         self.target_cache = RaggedCache(target)
         self.draft_cache = RaggedCache(draft) if draft is not None else None
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]

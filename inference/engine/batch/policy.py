@@ -13,7 +13,11 @@ that maximises
 where E_r(k) = 1 + sum_{d<=k} prod_{j<=d} a_j is a row's expected tokens per step with a_j its
 drafter's running conditional acceptance at position j, and the costs come from models of
 forward time (and of the step's time beyond its forwards) fitted online to the steps the batch
-actually ran; an untried width is assumed cheap until measured, so it gets tried.
+actually ran (and, in an engine, from a table of warm forwards profiled when it starts:
+profiling.py); an untried width is assumed cheap until measured, so it gets tried. A policy
+that keeps choosing 0 drafts anyway once in a while (`explore_after`): otherwise a cost or an
+acceptance misjudged once is never measured again, and the policy can sit at "don't draft" for
+good (issue 25: a fresh worker's first generations ran 95 of 96 steps undrafted).
 Terms used below: "depth" is how many positions are drafted; "acceptance at position j" is the
 chance that position j is accepted given that positions 1..j-1 were.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy
 from scipy.optimize import nnls
@@ -56,11 +60,9 @@ class ForwardCostModel:
     def __init__(self, window: int = 256) -> None:
         self._observations: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._coefficients: tuple[float, float, float] | None = None
-        # the row and token counts the last fit saw: a new one refits at once (a new term, or
-        # a shape the fit has not seen), otherwise every 16 observations
-        self._fit_rows: set[int] = set()
-        self._fit_tokens: set[int] = set()
-        # median seconds per (rows, tokens) shape in the window, as of the last fit
+        # median seconds per (rows, tokens) shape in the window, as of the last fit; a shape not
+        # in it refits at once (a new term, or a new point of the fit), otherwise every 16
+        # observations
         self._measured: dict[tuple[int, int], float] = {}
         self._dirty = 0
 
@@ -69,7 +71,7 @@ class ForwardCostModel:
             return
         self._observations.append((rows, tokens, seconds))
         self._dirty += 1
-        if self._dirty >= 16 or rows not in self._fit_rows or tokens not in self._fit_tokens:
+        if self._dirty >= 16 or (rows, tokens) not in self._measured:
             self._fit()
 
     def _fit(self) -> None:
@@ -78,8 +80,8 @@ class ForwardCostModel:
         for rows, tokens, seconds in self._observations:
             measured.setdefault((rows, tokens), []).append(seconds)
         self._measured = {shape: statistics.median(values) for shape, values in measured.items()}
-        rows_seen = self._fit_rows = {rows for rows, _, _ in self._observations}
-        tokens_seen = self._fit_tokens = {tokens for _, tokens, _ in self._observations}
+        rows_seen = {rows for rows, _, _ in self._observations}
+        tokens_seen = {tokens for _, tokens, _ in self._observations}
         # a term is fitted only once what it depends on has varied: with one row count the `1`
         # and `rows` columns are the same, and splitting the overhead between them would
         # extrapolate nonsense to other batch sizes (8-row steps predicting 1 ms for one row)
@@ -194,14 +196,31 @@ class PolicyDecision:
     depth: int
     expected_tokens: float
     estimated_seconds: float
+    # drafted although depth 0 looked best: the periodic re-measure of `explore_after`
+    explored: bool = False
 
 
 class SpeculationPolicy:
-    """Chooses the draft depth of each batch step; `enabled=False` always drafts `max_depth`."""
+    """Chooses the draft depth of each batch step; `enabled=False` always drafts `max_depth`.
 
-    def __init__(self, max_depth: int = 8, enabled: bool = True) -> None:
+    explore_after: after this many depth-0 decisions in a row where a row could have drafted,
+    the next one drafts the best positive depth instead (None: never), so the draft's cost and
+    acceptance are measured again; each exploration that does not turn the policy round doubles
+    the wait, up to `EXPLORE_MAX` (a misjudged cost is corrected within a few steps, a batch
+    where drafting truly loses pays about one step in 64). A shape measured once under a
+    neighbour's burst is otherwise never measured again: in a real worker, a fresh engine's
+    policy still sat at 0 for 17 of 21 steps with a profiled table. Depths only choose how much
+    is verified, never what is accepted, so exploring costs some time and nothing of the output.
+    """
+
+    EXPLORE_MAX = 64
+
+    def __init__(self, max_depth: int = 8, enabled: bool = True, explore_after: int | None = 4) -> None:
         self.max_depth = max_depth
         self.enabled = enabled
+        self.explore_after = explore_after
+        self._undrafted = 0  # depth-0 decisions in a row since the last draft
+        self._explore_wait = explore_after  # depth-0 decisions before the next exploration
         self.target_costs = ForwardCostModel()
         self.draft_costs = ForwardCostModel()
         # a step's seconds beyond its forwards (drafting, verifying and bookkeeping in Python), by
@@ -256,16 +275,27 @@ class SpeculationPolicy:
             return PolicyDecision(deepest, 0.0, 0.0)
         batched = sum(1 for o in outlooks if o.drafter == "draft_model")
         per_row = [o.drafter for o in outlooks if o.drafter not in ("draft_model", "none")]
-        best = None
+        best = best_drafting = None
         for depth in range(deepest + 1):
             tokens = float(other_rows)
             for outlook in outlooks:
                 reach = min(depth, outlook.max_depth) if outlook.drafter != "none" else 0
                 tokens += self.tracker(outlook.drafter, outlook.sampled).expected_tokens(reach)
             seconds = self._seconds(rows, batched, per_row, depth, width)
+            decision = PolicyDecision(depth, tokens, seconds)
             if best is None or tokens / seconds > best.expected_tokens / best.estimated_seconds:
-                best = PolicyDecision(depth, tokens, seconds)
-        return best
+                best = decision
+            if depth and (best_drafting is None or tokens / seconds
+                          > best_drafting.expected_tokens / best_drafting.estimated_seconds):
+                best_drafting = decision
+        if best.depth or best_drafting is None:
+            self._undrafted, self._explore_wait = 0, self.explore_after
+            return best
+        self._undrafted += 1
+        if self._explore_wait is None or self._undrafted < self._explore_wait:
+            return best
+        self._undrafted, self._explore_wait = 0, min(2 * self._explore_wait, self.EXPLORE_MAX)
+        return replace(best_drafting, explored=True)
 
     def choose_drafter(self, available: list[str], rows: int, depth: int = 4,
                        sampled: bool = False, node_budget: int = 8) -> str:
