@@ -14,7 +14,13 @@ The loop thread computes; its writer thread (write_behind.py) does the I/O a ste
 behind, in the order the loop hands it over: the step's stream events, the flushes of token and
 candidate rows (recorder.py), and the end of each session that left the batch (its outcome, its
 prediction, its metrics, then ``job.done``: lifecycle.write_end). Cancellation polls and lease
-renewals (lifecycle.renew_leases) stay on the loop thread.
+renewals (fencing.renew_leases) stay on the loop thread.
+
+Fencing (fencing.py): a run whose fence turns out stale (a renewal or a flush refused: another
+run took its session over while this process was paused) leaves the batch at the next step
+boundary with no final write, and its task thread is woken with status ``superseded``. A second
+row for a session the loop already runs is a later claim: the older row leaves, and the newer
+joins once the engine has let the older go (the engine knows rows by session id).
 """
 from __future__ import annotations
 
@@ -31,7 +37,8 @@ from inference.conf import conf
 from inference.engine.batch.engine import BatchedSpeculativeEngine, RowEvent
 from inference.engine.batch.policy import SpeculationPolicy
 from inference.worker import metrics
-from inference.worker.lifecycle import renew_leases, session_end, write_end
+from inference.worker.fencing import SUPERSEDED, renew_leases
+from inference.worker.lifecycle import session_end, write_end
 from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
 from inference.worker.session_job import SessionEnd, SessionJob
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
@@ -60,6 +67,10 @@ class DeviceBatchLoop:
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
         self._last_renewal = 0.0
+        # fencing: runs the writer found stale, (session id, fence), for the loop thread to drop
+        self._stale: queue.SimpleQueue[set[tuple[Hashable, int]]] = queue.SimpleQueue()
+        self._leaving: dict[Hashable, tuple[int, int | None]] = {}  # dropped rows the engine still holds
+        self._deferred: list[SessionJob] = []  # newer runs waiting for their older row to leave
 
     # -- called from task threads -------------------------------------------------------
 
@@ -86,10 +97,12 @@ class DeviceBatchLoop:
 
     def _run_once(self) -> None:
         """Admit the newcomers, then one step of every engine with work; flush when due."""
-        self._admit(block=not self.jobs)
+        self._admit(block=not self.jobs and not self._leaving)
         # each iteration (idle ones too, so the gauge drains with the writer)
         metrics.observe_writer_backlog(self.writes.waiting, self.writes.max_items)
-        if not self.jobs:
+        while not self._stale.empty():
+            self._drop_stale(self._stale.get())
+        if not self.jobs and not self._leaving:
             return
         with tracing.untraced():  # housekeeping of every session: in no session's trace
             self._poll_cancellations()
@@ -114,21 +127,65 @@ class DeviceBatchLoop:
 
     def _admit(self, block: bool) -> None:
         """Take every job waiting in the inbox (block a little when there is nothing to do)."""
+        deferred, self._deferred = self._deferred, []
+        for job in deferred:
+            self._admit_one(job)
         try:
             job = self.inbox.get(timeout=IDLE_WAIT_S) if block else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
-            try:
-                self._engine(job).submit(job.request)
-                self.jobs[job.request.request_id] = job
-                job.recorder.admitted_at = time.time()  # joins the batch at the next step boundary
-            except Exception as error:  # settings the engine refuses end this session only
-                self._end([(job, "error", f"{type(error).__name__}: {error}", None)])
+            self._admit_one(job)
             try:
                 job = self.inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _admit_one(self, job: SessionJob) -> None:
+        """Admit a job; of two runs of one session, the older (lower fence) leaves."""
+        session_id = job.request.request_id
+        current = self.jobs.get(session_id)
+        if current is not None:
+            if current.fence >= job.fence:
+                self._retire(job)
+                return
+            self._drop(current)
+        if session_id in self._leaving:
+            self._deferred.append(job)  # the engine still holds the older row until its next step
+            return
+        try:
+            self._engine(job).submit(job.request)
+            self.jobs[session_id] = job
+            job.recorder.admitted_at = time.time()  # joins the batch at the next step boundary
+        except Exception as error:  # settings the engine refuses end this session only
+            self._end([(job, "error", f"{type(error).__name__}: {error}", None)])
+
+    def _drop_stale(self, runs: set[tuple[Hashable, int]]) -> None:
+        """Drop the runs the database refused, unless a newer run of the session replaced them."""
+        for session_id, fence in runs:
+            job = self.jobs.get(session_id)
+            if job is not None and job.fence == fence:
+                self._drop(job)
+
+    def _drop(self, job: SessionJob) -> None:
+        """A stale run leaves the batch at the next step, with no final write of its own."""
+        session_id = job.request.request_id
+        logger.warning("session %s: run %d is stale (a later run took it over); it leaves the batch",
+                       session_id, job.fence)
+        self.jobs.pop(session_id, None)
+        self.recorder.discard(session_id)
+        engine = self.engines.get(job.pair)
+        if engine is not None:
+            engine.cancel(session_id)
+            self._leaving[session_id] = job.pair
+        self._retire(job)
+
+    def _retire(self, job: SessionJob) -> None:
+        metrics.SUPERSEDED_RUNS.inc()
+        if job.trace is not None:
+            job.trace.end(SUPERSEDED)
+        job.status = SUPERSEDED
+        job.done.set()
 
     def _poll_cancellations(self) -> None:
         now = time.monotonic()
@@ -147,12 +204,16 @@ class DeviceBatchLoop:
             self._renew_leases()
 
     def _renew_leases(self) -> None:
-        """Heartbeat: extend the lease of every session in hand, so the reconciler leaves them be."""
+        """Heartbeat: extend the lease of every session in hand, so the reconciler leaves them be;
+        the runs whose fence is stale leave (from inside a step: at the next iteration)."""
         now = time.monotonic()
         if now - self._last_renewal < conf.SESSION_LEASE_S / 3:
             return
         self._last_renewal = now
-        renew_leases(self.jobs)
+        runs = {session_id: job.fence for session_id, job in list(self.jobs.items())}
+        stale = renew_leases(runs)
+        if stale:
+            self._stale.put({(session_id, runs[session_id]) for session_id in stale})
 
     def _step(self, pair, engine: BatchedSpeculativeEngine) -> None:
         try:
@@ -160,6 +221,7 @@ class DeviceBatchLoop:
         except Exception as error:  # a failed forward fails every session of this engine
             logger.exception("batch step failed; failing its %d sessions", engine.active)
             self.engines.pop(pair, None)
+            self._leaving = {key: value for key, value in self._leaving.items() if value != pair}
             self._end([(job, "error", f"{type(error).__name__}: {error}", None)
                        for job in self.jobs.values() if job.pair == pair])
             return
@@ -179,6 +241,10 @@ class DeviceBatchLoop:
         ``tokens`` event)."""
         stream_events, traces, finished = [], [], []
         for event in events:
+            if event.request_id in self._leaving:  # a dropped run's row: its last event is its leaving
+                if event.finished:
+                    del self._leaving[event.request_id]
+                continue
             job = self.jobs.get(event.request_id)
             if job is None:
                 continue
@@ -246,7 +312,9 @@ class DeviceBatchLoop:
         failure = ""
         try:
             with tracing.batch_write(traces, len(pending)):
-                self.recorder.write(pending)
+                stale = self.recorder.write(pending)
+            if stale:
+                self._stale.put(stale)
         except Exception as error:
             logger.exception("a batch flush of %d rows failed", len(pending))
             close_old_connections()

@@ -2,8 +2,10 @@
 
 - Claim: the task takes the session's lease (`claim`), an UPDATE that succeeds only when the
   session is queued, or running with an expired lease, so two deliveries of one session never
-  run it twice at once; the batching loop renews the leases of the sessions it holds
-  (`renew_leases`).
+  run it twice at once; it returns the run's fence (the incremented ``attempts``), which every
+  write of the run carries (fencing.py). The lease is renewed while the models load, then by the
+  batching loop (`renew_leases`); a renewal refused for a stale fence tells the loop to drop
+  the run. Lease times are the database's (``now()``).
 - Prepare: everything that can be checked before the loop is checked here (the models load, the
   prompt tokenizes). A redelivered or re-enqueued session resumes: its committed tokens are
   prefilled with the prompt and never generated again, and its stream continues after the
@@ -22,23 +24,28 @@
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from collections.abc import Callable, Iterable
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from celery import current_app
 from django.db import close_old_connections, connections, transaction
-from django.db.models import F, Q, Value
-from django.db.models.functions import Coalesce
-from django.utils import timezone
+from django.db.models import Q
+from django.db.models.functions import Now
 
 from core import latency_budget
 from inference.conf import conf
 from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
 from inference.engine.batch.engine import BatchRequest
 from inference.worker import metrics, suffix_feed
+from inference.worker.fencing import (
+    SUPERSEDED,
+    LeaseKeeper,
+    claim,
+    lock_owned,
+    renew_leases,
+)
 from inference.worker.recorder import SessionRecorder, pg_text
 from inference.worker.residency import residency
 from inference.worker.session_job import SessionEnd, SessionJob
@@ -58,25 +65,6 @@ GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this mo
 
 
 # -- claim --------------------------------------------------------------------------------
-
-def claim(session: Session) -> bool:
-    """Take the session's lease: only when it is queued, or running with a lapsed lease."""
-    now = timezone.now()
-    lapsed = Q(status=SessionStatus.RUNNING) & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
-    claimed = Session.objects.filter(Q(status=SessionStatus.QUEUED) | lapsed, pk=session.pk).update(
-        status=SessionStatus.RUNNING, started_at=Coalesce(F("started_at"), Value(now)),
-        updated_at=now, last_activity_at=now, lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S),
-        worker=socket.gethostname(), attempts=F("attempts") + 1)
-    invalidate_session(session.pk)
-    return bool(claimed)
-
-
-def renew_leases(session_ids: Iterable) -> None:
-    """Heartbeat: extend the leases of running sessions, so the reconciler leaves them be."""
-    now = timezone.now()
-    Session.objects.filter(pk__in=list(session_ids), status=SessionStatus.RUNNING).update(
-        lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S), last_activity_at=now)
-
 
 # -- prepare ------------------------------------------------------------------------------
 
@@ -107,13 +95,18 @@ def committed_tokens(session: Session) -> tuple[list[int], int]:
 
 
 def prepare(session: Session) -> SessionJob:
-    """Load the session's models and build its batch request (errors here fail the session)."""
+    """Load the session's models and build its batch request (errors here fail the session).
+
+    The stream's rewind records the run's fence first (token_stream.begin_run): from then on an
+    older run's late publish is refused, and what it streamed past the committed tokens is gone.
+    """
     target = residency.get(session.target)
     draft = residency.get(session.draft) if session.draft else None
     tokenizer = target.tokenizer
     prompt_ids = tokenizer(session.prompt)["input_ids"]
     resumed, next_step = committed_tokens(session)
-    token_stream.forget_after(session.pk, next_step - 1)  # steps streamed but never committed
+    if token_stream.begin_run(session.pk, session.attempts, next_step - 1) < 0:
+        logger.warning("session %s: a later run began before run %d", session.pk, session.attempts)
     request = BatchRequest(
         request_id=session.pk, prompt_ids=prompt_ids,
         config=generation_config(session.params, tokenizer.eos_token_id),
@@ -150,15 +143,15 @@ def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
     session = Session.objects.select_related("target", "draft").get(pk=session_id)
     if session.status in TERMINAL:
         return session.status  # a redelivery of a finished task does nothing
-    if not claim(session):
+    if claim(session) is None:
         return Session.objects.get(pk=session.pk).status  # another worker holds it
-    session.refresh_from_db(fields=["attempts"])
     if session.attempts > conf.MAX_ATTEMPTS:
         finish_session(session, SessionStatus.FAILED,
                        error=f"gave up after {conf.MAX_ATTEMPTS} attempts (the worker was lost each time)")
         return SessionStatus.FAILED
     try:
-        job = prepare(session)
+        with LeaseKeeper(session):
+            job = prepare(session)
     except Exception as exc:
         logger.exception("session %s could not start", session.pk)
         finish_session(session, SessionStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
@@ -171,7 +164,9 @@ def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
                        text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)},
                        next_step=job.recorder.step)
         return SessionStatus.SUCCEEDED
-    renew_leases([session.pk])  # loading the models may have taken a while
+    if renew_leases({session.pk: session.attempts}):
+        logger.warning("session %s: run %d was taken over while it prepared", session.pk, session.attempts)
+        return SUPERSEDED
     submit(job)
     # The wait holds no database connection: with a pool per process, SPECOPS_MAX_BATCH waiting
     # threads would otherwise starve the batching loop's own writes.
@@ -191,30 +186,45 @@ def finish_session(session: Session, status: str, *, error: str = "", finish_rea
                    stats: dict | None = None, next_step: int | None = None) -> bool:
     """Write the session's outcome once and tell its stream; the cache entry goes after the commit.
 
-    A session that already ended (succeeded, failed, or cancelled with its end written) is left
-    as it is (returns False, no second final event): a generation ends exactly once. A session
-    cancelled while it ran (status cancelled, no end yet) gets its final fields, and the cancel
-    wins over whatever this run was about to write: the client was told it is cancelled.
+    Fenced: only the run whose fence is ``session.attempts`` writes it, while it still owns the
+    session (fencing.py); a stale run's end writes nothing (returns False). A session that
+    already ended (succeeded, failed, or cancelled with its end written) is left as it is
+    (returns False, no second final event): a generation ends exactly once. A session cancelled
+    while it ran (status cancelled, no end yet) gets its final fields, and the cancel wins over
+    whatever this run was about to write: the client was told it is cancelled.
     """
-    now = timezone.now()
-    fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": now,
-              "updated_at": now, "last_activity_at": now, "lease_expires_at": None}
+    return end_session(session, status, error=error, finish_reason=finish_reason, token_ids=token_ids,
+                       text=text, stats=stats, next_step=next_step) is not None
+
+
+def end_session(session: Session, status: str, *, error: str = "", finish_reason: str = "",
+                token_ids: list[int] | None = None, text: str | None = None, stats: dict | None = None,
+                next_step: int | None = None, abandoned: Q | None = None) -> str | None:
+    """`finish_session`, returning the status written (None: nothing written).
+
+    With ``abandoned`` (the reconciler's, for a session no run owns), the end is written only if
+    that condition holds under the row's lock, instead of the run's fence.
+    """
+    fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": Now(),
+              "updated_at": Now(), "last_activity_at": Now(), "lease_expires_at": None}
     if token_ids is not None:
         fields.update(token_count=len(token_ids), text=pg_text(text or ""), stats=stats or {})
     with transaction.atomic():
-        current = (Session.objects.select_for_update().filter(pk=session.pk)
+        if abandoned is None and not lock_owned([(session.pk, session.attempts)]):
+            return None  # a later run took the session over, or it ended or went back to its queue
+        current = (Session.objects.select_for_update().filter(abandoned or Q(), pk=session.pk)
                    .values_list("status", "finished_at").first())
         ended = current is None or current[0] in (SessionStatus.SUCCEEDED, SessionStatus.FAILED) or (
             current[0] == SessionStatus.CANCELLED and current[1] is not None)
         if ended:
-            return False
+            return None
         if current[0] == SessionStatus.CANCELLED:
             fields.update(status=SessionStatus.CANCELLED, finish_reason="cancelled", error="")
         Session.objects.filter(pk=session.pk).update(**fields)
         invalidate_session(session.pk)
     token_stream.publish(session.pk, "done", {"status": fields["status"], "finish_reason": fields["finish_reason"],
-                                              "error": fields["error"]}, step=next_step)
-    return True
+                                              "error": fields["error"]}, step=next_step, fence=session.attempts)
+    return fields["status"]
 
 
 def status_of(finish_reason: str) -> str:
@@ -256,25 +266,33 @@ def write_end(end: SessionEnd, failure: str = "") -> None:
     metrics, end its trace, wake its task thread."""
     job, status = end.job, end.status
     try:
-        failure = failure or end.failure or write_outcome(end)
-        if failure:
+        failure = failure or end.failure
+        written = "" if failure else write_outcome(end)
+        if written is None:
+            status = SUPERSEDED  # a later run owns the session: this one writes and observes nothing
+        elif failure or written:
             status = SessionStatus.FAILED
-            mark_failed(end, failure)
+            mark_failed(end, failure or written)
     finally:
-        observe_end(end, status)
+        if status != SUPERSEDED:
+            observe_end(end, status)
         if job.trace is not None:
             job.trace.end(status)
         job.status = status
         job.done.set()
 
 
-def write_outcome(end: SessionEnd) -> str:
-    """The session's outcome and, for a success, its prediction; what failed, or ""."""
+def write_outcome(end: SessionEnd) -> str | None:
+    """The session's outcome and, once the fenced end wrote a success, its prediction; what
+    failed, "", or None when the run's fence was stale (nothing written)."""
     job, recorder = end.job, end.recorder
     try:
-        finish_session(job.session, end.status, error=end.error, finish_reason=end.finish_reason,
-                       token_ids=recorder.token_ids, text=end.text, stats=end.stats, next_step=recorder.step)
-        if end.status == SessionStatus.SUCCEEDED:
+        written = end_session(job.session, end.status, error=end.error, finish_reason=end.finish_reason,
+                              token_ids=recorder.token_ids, text=end.text, stats=end.stats,
+                              next_step=recorder.step)
+        if written is None:  # stale, or ended by another hand: this run's result is not the session's
+            return None
+        if written == SessionStatus.SUCCEEDED:
             from inference import prediction_cache
 
             prediction_cache.remember_result(job.session, text=end.text, token_count=len(recorder.token_ids),
@@ -342,12 +360,12 @@ def requeue(pk, queue: str, condition: Q, now: datetime, **fields) -> bool:
 def fail_abandoned(pk, condition: Q, error: str, now: datetime, worker: str) -> bool:
     """Fail the session if ``condition`` still holds; True when this call ended it.
 
-    First take its lease the way a worker claims it, so no worker can start it between the check
-    and the final write; then ``finish_session`` writes the outcome once and ends its stream.
+    The condition is checked under the row's lock in the transaction that writes the end, so no
+    worker can claim it in between; the end is written once and its stream ended (with the
+    session's current fence, sealing it against any older run's late publish).
     """
-    taken = Session.objects.filter(condition, pk=pk).update(
-        status=SessionStatus.RUNNING, worker=worker, updated_at=now,
-        lease_expires_at=now + timedelta(seconds=conf.SESSION_LEASE_S))
-    if not taken:
+    session = Session.objects.filter(pk=pk).first()
+    if session is None:
         return False
-    return finish_session(Session.objects.get(pk=pk), SessionStatus.FAILED, error=error)
+    Session.objects.filter(condition, pk=pk).update(worker=worker)
+    return end_session(session, SessionStatus.FAILED, error=error, abandoned=condition) is not None

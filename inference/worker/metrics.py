@@ -131,6 +131,10 @@ BATCH_WRITER_CAPACITY = Gauge(
 BATCH_WRITER_FAILURES = Counter(
     "specops_batch_writer_failures_total", "Writes of a batching loop's writer thread that raised.",
 )
+SUPERSEDED_RUNS = Counter(
+    "specops_superseded_runs_total",
+    "Runs of a session that left the batch because a later run had claimed it (their fence was stale).",
+)
 
 # ---------------------------------------------------------------------------- before the batching loop
 # One generation at a time (the sequential worker); kept so its callers and dashboards keep working.

@@ -29,10 +29,10 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
-from django.utils import timezone
 
 from core.database_config import maintenance_alias
 from inference.conf import conf
+from inference.worker.fencing import database_now
 from inference.worker.lifecycle import EnqueueFailed, fail_abandoned, requeue
 from metadata.models import Session, SessionStatus
 from metadata.partitions import advisory_lock
@@ -87,8 +87,12 @@ class SessionReconciler:
         self.worker_name = f"reconciler@{socket.gethostname()}"
 
     def run(self, now: datetime | None = None) -> ReconcileReport:
-        """Reconcile once; ``MaintenanceLockBusy`` at once if another pass is running."""
-        now = now or timezone.now()
+        """Reconcile once; ``MaintenanceLockBusy`` at once if another pass is running.
+
+        Leases are compared with the database's clock (``now()``), the one they were written by:
+        a reconciler on a host whose clock runs ahead must not take live sessions away.
+        """
+        now = now or database_now()
         report = ReconcileReport()
         with primary_only(), advisory_lock(RECONCILER_LOCK, maintenance_alias(settings.DATABASES)):
             self.lost_workers(now, report)

@@ -9,10 +9,16 @@ text) of the sessions due one rides in the same transaction, one bulk UPDATE at 
 `SPECOPS_PROGRESS_MS`. The loop thread builds the rows, events and progress rows and `take`s a
 flush; the writer thread (write_behind.py) `write`s it, publishes the steps (`publish_step`),
 and ends the sessions (lifecycle.write_end).
+
+Fenced (fencing.py): each flush carries the fence of every session it writes for; the writer
+locks those sessions' rows in the flush's transaction and writes only the rows and progress of
+the runs that still own them. What a stale run wrote is dropped, and `write` names it, so the
+loop drops the run.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -21,6 +27,7 @@ from django.utils import timezone
 
 from core import tracing
 from inference.conf import conf
+from inference.worker.fencing import lock_sessions, owns, ran_last
 from metadata.models import Candidate, Session, TokenKind, TokenRecord
 from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
@@ -88,12 +95,17 @@ class SessionRecorder:
             "step": self.step, "token_ids": list(step.token_ids),
             "text": self.decode(list(step.token_ids)),
             "kinds": [int(kind) for kind in kinds],
-        }, step=self.step)
+        }, step=self.step, fence=self.fence)
         self.step_times.append(time.time())
         self.step_tokens.append(len(step.token_ids))
         self.step += 1
         self.dirty = True
         return stream_event
+
+    @property
+    def fence(self) -> int:
+        """The fence of this run: the ``attempts`` its claim returned (lifecycle.claim)."""
+        return self.session.attempts
 
     def progress_row(self, now) -> Session:
         """The session's progress fields as a row for one bulk UPDATE (see BatchRecorder.write)."""
@@ -118,9 +130,25 @@ class PendingFlush:
 
     rows: dict[type, list]
     progress: tuple[Session, ...] = ()
+    fences: dict[Hashable, int] = field(default_factory=dict)  # session id -> its run's fence
 
     def __len__(self) -> int:
         return sum(len(rows) for rows in self.rows.values())
+
+    def runs(self) -> set[tuple[Hashable, int]]:
+        """(session id, fence) of every session this flush writes for (unknown fence: -1, never owned)."""
+        ids = {row.session_id for rows in self.rows.values() for row in rows} | {row.pk for row in self.progress}
+        return {(pk, self.fences.get(pk, -1)) for pk in ids}
+
+    def fenced(self, current: dict[Hashable, tuple]) -> PendingFlush:
+        """The part of this flush its runs may still write, by the sessions' ``current`` state
+        (fencing.lock_sessions): rows while the run `ran_last`, progress while it `owns`."""
+        def allowed(pk, rule) -> bool:
+            return pk in current and rule(*current[pk], self.fences.get(pk, -1))
+
+        return PendingFlush({model: [row for row in rows if allowed(row.session_id, ran_last)]
+                             for model, rows in self.rows.items()},
+                            tuple(row for row in self.progress if allowed(row.pk, owns)), self.fences)
 
 
 class BatchRecorder:
@@ -135,7 +163,7 @@ class BatchRecorder:
 
     def __init__(self) -> None:
         self.writer = BatchWriter((TokenRecord, Candidate))  # the loop thread's
-        self._unwritten = BatchWriter((TokenRecord, Candidate))  # the writer thread's
+        self._unwritten: list[PendingFlush] = []  # the writer thread's: flushes to write (again)
         self.flush_every_s = conf.TOKEN_FLUSH_MS / 1000
         self.progress_every_s = max(conf.PROGRESS_MS, conf.TOKEN_FLUSH_MS) / 1000
         self._last_flush = time.monotonic()
@@ -150,11 +178,17 @@ class BatchRecorder:
         progress = tuple(recorder.progress_row(now) for recorder in recorders
                          if recorder.progress_due(self.progress_every_s))
         self._last_flush = time.monotonic()
-        return PendingFlush(self.writer.take(), progress)
+        return PendingFlush(self.writer.take(), progress, {recorder.session.pk: recorder.fence for recorder in recorders})
 
-    def write(self, pending: PendingFlush) -> None:
+    def discard(self, session_id: Hashable) -> None:
+        """Loop thread: forget the pending rows of a session whose run was dropped (stale)."""
+        for rows in self.writer.pending.values():
+            rows[:] = [row for row in rows if row.session_id != session_id]
+
+    def write(self, pending: PendingFlush) -> set[tuple[Hashable, int]]:
         """Writer thread: write the flush's rows (after any a failed one left) and its progress,
-        in one transaction.
+        in one transaction, for the runs that still own their sessions; return the (session id,
+        fence) of the runs refused (stale: their rows and progress are dropped).
 
         Progress (token_count, text) of a running session is written at most every
         SPECOPS_PROGRESS_MS, in one UPDATE for all of them; their cache invalidations share the
@@ -163,20 +197,46 @@ class BatchRecorder:
         rows, against 16 % in the engine's step. The token rows, which streams and resumption
         read, are written at every flush as before.
         """
-        self._unwritten.extend(pending.rows)
-        if not len(self._unwritten) and not pending.progress:
-            return
-        rows = {model: list(batch) for model, batch in self._unwritten.pending.items()}
-        try:
-            with transaction.atomic():
-                self._unwritten.flush()
-                if pending.progress:
-                    Session.objects.bulk_update(list(pending.progress), self.PROGRESS_FIELDS)
-                    for row in pending.progress:
-                        invalidate_session(row.pk)
-        except Exception:
-            self._unwritten.pending = rows  # rolled back: all of them go again with the next flush
-            raise
+        self._unwritten.append(pending)
+        flushes = self._unwritten
+        runs = set().union(*(flush.runs() for flush in flushes))
+        if not runs:
+            self._unwritten = []
+            return set()
+        with transaction.atomic():
+            current = self._write_fenced(flushes, runs)
+        self._unwritten = []  # committed (a failure above keeps them all for the next flush)
+        return {(pk, fence) for pk, fence in runs if pk not in current or not ran_last(*current[pk], fence)}
+
+    def _write_fenced(self, flushes: list[PendingFlush], runs: set[tuple[Hashable, int]]) -> dict:
+        """Inside the flush's transaction: the rows first, then the sessions' locks and the check
+        (so a lease renewal is not held up behind rows that wait on PostgreSQL); when a run turns
+        out stale, back to before the rows and write only those of the runs that may."""
+        savepoint = transaction.savepoint()
+        self._insert(flushes, None)
+        current = lock_sessions(runs)
+        if any(pk not in current or not ran_last(*current[pk], fence) for pk, fence in runs):
+            transaction.savepoint_rollback(savepoint)  # its locks went with it
+            current = lock_sessions(runs)
+            self._insert(flushes, current)
+        else:
+            transaction.savepoint_commit(savepoint)
+        progress: dict[Hashable, Session] = {}  # a later flush's progress replaces an earlier's
+        for flush in flushes:
+            progress.update((row.pk, row) for row in flush.fenced(current).progress)
+        if progress:
+            Session.objects.bulk_update(list(progress.values()), self.PROGRESS_FIELDS)
+            for row in progress.values():
+                invalidate_session(row.pk)
+        return current
+
+    @staticmethod
+    def _insert(flushes: list[PendingFlush], current: dict | None) -> None:
+        """The flushes' token and candidate rows (with ``current``, only those fencing allows)."""
+        writer = BatchWriter((TokenRecord, Candidate))
+        for flush in flushes:
+            writer.extend((flush if current is None else flush.fenced(current)).rows)
+        writer.flush()
 
 
 def publish_step(events: list[token_stream.StreamEvent], traces: list[tracing.SessionTrace | None]) -> None:

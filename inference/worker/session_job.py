@@ -34,6 +34,11 @@ class SessionJob:
     trace: tracing.SessionTrace | None = None  # its spans, while tracing is on (core.tracing)
 
     @property
+    def fence(self) -> int:
+        """The run's fence: the ``attempts`` its claim returned (fencing.py)."""
+        return self.session.attempts
+
+    @property
     def pair(self) -> tuple[int, int | None]:
         return (self.session.target_id, self.session.draft_id)
 

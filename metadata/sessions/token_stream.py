@@ -9,6 +9,13 @@ open stream, no thread): it resumes after a given entry id (the SSE ``Last-Event
 quiet intervals so the caller can send heartbeats, asks the caller whether a quiet session has
 ended without a ``done`` entry (its worker died, it was cancelled, its stream expired), and
 gives up after an idle limit. ``follow`` is the blocking reader for scripts and tests.
+
+Fencing: a worker's run of a session writes under a fence, the ``attempts`` number its claim
+returned. Every append goes through one Lua script (`publish_many`) that refuses an event whose
+fence is below the one recorded beside the stream (``specops:stream:<id>:fence``); a claim
+records its fence first and rewinds the uncommitted steps in the same script (`begin_run`), so a
+paused run that wakes after another run took the session over cannot append a late step. A
+``done`` seals the stream: no run's event follows it.
 """
 from __future__ import annotations
 
@@ -25,7 +32,64 @@ import redis.asyncio
 from django.conf import settings
 
 STREAM_TTL_S = 3600
+SEALED = 1 << 40  # the fence a done records: above every run's (attempts is a smallint)
 _client: redis.Redis | None = None
+_scripts: dict[str, Any] = {}
+
+# KEYS: stream, fence key, per event. ARGV: ttl, then per event: fence ("" = unfenced), entry id
+# ("*" = the clock's), event, data, seal ("1" after a done). Per event: 1 added, 0 a duplicate
+# step (the id is not above the stream's last), -1 refused (the event's fence is stale).
+_PUBLISH_LUA = """
+local ttl = tonumber(ARGV[1])
+local sealed = ARGV[2]
+local out = {}
+for i = 1, #KEYS / 2 do
+  local stream, fence_key = KEYS[2 * i - 1], KEYS[2 * i]
+  local base = 2 + (i - 1) * 5
+  local fence, id, event, data, seal = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4], ARGV[base + 5]
+  local recorded = tonumber(redis.call('GET', fence_key) or '0')
+  if fence ~= '' and tonumber(fence) < recorded then
+    out[i] = -1
+  else
+    local added = redis.pcall('XADD', stream, id, 'event', event, 'data', data)
+    if type(added) == 'table' and added.err then
+      if not string.find(added.err, 'equal or smaller', 1, true) then
+        return redis.error_reply(added.err)
+      end
+      out[i] = 0
+    else
+      out[i] = 1
+    end
+    redis.call('EXPIRE', stream, ttl)
+    if seal == '1' then
+      redis.call('SET', fence_key, sealed, 'EX', ttl)
+    elseif recorded > 0 then
+      redis.call('EXPIRE', fence_key, ttl)
+    end
+  end
+end
+return out
+"""
+
+# KEYS: stream, fence key. ARGV: fence, the entry id of the last committed step ("0-0": none),
+# ttl. Records the fence (unless a higher one is recorded: -1), then deletes the entries after
+# the committed step and sets the stream's last id back to it; returns how many went.
+_BEGIN_RUN_LUA = """
+local recorded = tonumber(redis.call('GET', KEYS[2]) or '0')
+local fence = tonumber(ARGV[1])
+if fence < recorded then
+  return -1
+end
+redis.call('SET', KEYS[2], fence, 'EX', tonumber(ARGV[3]))
+local entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[2], '+')
+if #entries > 0 then
+  for _, entry in ipairs(entries) do
+    redis.call('XDEL', KEYS[1], entry[1])
+  end
+  redis.call('XSETID', KEYS[1], ARGV[2])
+end
+return #entries
+"""
 
 
 def client() -> redis.Redis:
@@ -39,6 +103,18 @@ def stream_key(session_id) -> str:
     return f"specops:stream:{session_id}"
 
 
+def fence_key(session_id) -> str:
+    return f"specops:stream:{session_id}:fence"
+
+
+def _script(name: str, source: str):
+    """A registered script of this process's client (EVALSHA, loaded again after a restart)."""
+    script = _scripts.get(name)
+    if script is None or script.registered_client is not client():
+        script = _scripts[name] = client().register_script(source)
+    return script
+
+
 def step_entry_id(step: int) -> str:
     """The stream entry id of step `step` (0-based): "<step + 1>-0". A `done` event takes the id
     the next step would have had, so ids follow the generation, not the clock."""
@@ -47,48 +123,63 @@ def step_entry_id(step: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One event to append to a session's stream; with ``step``, under that step's entry id."""
+    """One event to append to a session's stream; with ``step``, under that step's entry id; with
+    ``fence``, only while no later run of the session has begun (`begin_run`)."""
 
     session_id: Any
     event: str
     data: dict[str, Any]
     step: int | None = None
+    fence: int | None = None
 
 
-def publish(session_id, event: str, data: dict, *, step: int | None = None) -> bool:
+ADDED, DUPLICATE, STALE = 1, 0, -1
+
+
+def publish(session_id, event: str, data: dict, *, step: int | None = None, fence: int | None = None) -> bool:
     """Append an event; with `step`, under that step's entry id, exactly once.
 
     Redis refuses an XADD whose id is not above the stream's last one, so a resumed run that
-    publishes a step the stream already holds adds nothing (returns False).
+    publishes a step the stream already holds adds nothing (returns False); so does a run whose
+    ``fence`` is stale. A ``done`` seals the stream.
     """
-    return publish_many([StreamEvent(session_id, event, data, step)])[0]
+    return publish_many([StreamEvent(session_id, event, data, step, fence)])[0]
 
 
 def publish_many(events: list[StreamEvent]) -> list[bool]:
-    """Append several events, of any sessions, in one round trip; per event, whether it was added.
+    """Append several events, of any sessions, in one round trip; per event, whether it was added."""
+    return [outcome == ADDED for outcome in publish_fenced(events)]
 
-    What a batch step streams: one MULTI/EXEC for all its rows instead of one per row (each
-    event exactly once by its step's entry id, as in `publish`). A refused duplicate leaves the
-    others added, and its stream's expiry is renewed all the same.
+
+def publish_fenced(events: list[StreamEvent]) -> list[int]:
+    """Append several events in one script call; per event ADDED, DUPLICATE or STALE.
+
+    What a batch step streams: one EVALSHA for all its rows instead of one round trip per row
+    (each event exactly once by its step's entry id, as in `publish`). A refused duplicate leaves
+    the others added, and its stream's expiry is renewed all the same; a stale event (its run's
+    fence is below the stream's) is not added and touches nothing.
     """
     if not events:
         return []
-    pipe = client().pipeline()
+    keys: list[str] = []
+    args: list[Any] = [STREAM_TTL_S, SEALED]
     for item in events:
-        key = stream_key(item.session_id)
-        pipe.xadd(key, {"event": item.event, "data": json.dumps(item.data)},
-                  id=step_entry_id(item.step) if item.step is not None else "*")
-        pipe.expire(key, STREAM_TTL_S)
-    results = pipe.execute(raise_on_error=False)
-    added = []
-    for result in results[::2]:  # each XADD's reply; the EXPIRE after it runs either way
-        if isinstance(result, redis.ResponseError):
-            if "equal or smaller" not in str(result):
-                raise result
-            added.append(False)
-        else:
-            added.append(True)
-    return added
+        keys += [stream_key(item.session_id), fence_key(item.session_id)]
+        args += ["" if item.fence is None else int(item.fence),
+                 step_entry_id(item.step) if item.step is not None else "*",
+                 item.event, json.dumps(item.data), "1" if item.event == "done" else "0"]
+    return [int(outcome) for outcome in _script("publish", _PUBLISH_LUA)(keys=keys, args=args)]
+
+
+def begin_run(session_id, fence: int, step: int) -> int:
+    """A claimed run starts: record its fence, then delete the events after step `step` (those a
+    lost run streamed but never committed), atomically, so no older run appends in between.
+
+    Returns how many events went, or -1 when a later run has begun already (this one is stale).
+    """
+    return int(_script("begin_run", _BEGIN_RUN_LUA)(
+        keys=[stream_key(session_id), fence_key(session_id)],
+        args=[int(fence), step_entry_id(step), STREAM_TTL_S]))
 
 
 def forget_after(session_id, step: int) -> int:

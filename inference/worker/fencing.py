@@ -1,0 +1,163 @@
+"""Fences: which run of a session may still write it.
+
+A session's lease alone did not say which run holds it: a worker paused past its lease (a GC
+pause, a frozen VM, a model load) woke up after the reconciler had re-queued its sessions and
+another run had claimed them, and both runs wrote rows, progress, finishes and stream events
+(issue 27). Now each claim increments ``attempts`` and reads it back in the same statement
+(``UPDATE … RETURNING``): that number is the run's fence. Every write of the run carries it and
+is checked by the database against the row, in the write's own transaction:
+
+- token and candidate rows and progress (recorder.BatchRecorder.write), lease renewals
+  (lifecycle.renew_leases) and the end (lifecycle.finish_session) first lock the session rows
+  they touch (`lock_owned`, ``FOR NO KEY UPDATE``) and write only for the runs that still own
+  them: ``attempts`` equal to the fence, and the session running (or cancelled with its end not
+  yet written). A claim's UPDATE waits for that lock, so a write either commits before the claim
+  (and the new run resumes after it) or sees the new fence and is refused.
+- the Redis stream refuses a publish whose fence is below the one the newest run recorded
+  (metadata.sessions.token_stream.begin_run / publish_fenced).
+
+A run told that its fence is stale stops: the batching loop drops its row without a final write.
+Lease times come from the database's clock (``statement_timestamp()``, Django's ``Now()``), never
+a worker's.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Hashable, Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Self
+
+from django.db import close_old_connections, connection, connections, transaction
+from django.db.models import DurationField, Value
+from django.db.models.functions import Now
+
+from inference.conf import conf
+from metadata.models import Session, SessionStatus
+from metadata.sessions.state import invalidate_session
+
+logger = logging.getLogger(__name__)
+
+SUPERSEDED = "superseded"  # a run's status when a later run of its session took it over
+
+
+def owns(status: str, finished_at: datetime | None, attempts: int, fence: int) -> bool:
+    """Whether the run of ``fence`` may still write a session in this state (progress, lease, end)."""
+    if attempts != fence:
+        return False
+    return status == SessionStatus.RUNNING or (status == SessionStatus.CANCELLED and finished_at is None)
+
+
+def ran_last(status: str, finished_at: datetime | None, attempts: int, fence: int) -> bool:
+    """Whether the run of ``fence`` may still add token and candidate rows: it owns the session,
+    or the session ended with no later claim (the rows of a flush that failed just before the
+    run's own end go again after it: they are that run's history, and no other run made any).
+    Never under a session handed back to its queue: the next run resumes from what is committed."""
+    return owns(status, finished_at, attempts, fence) or (
+        attempts == fence and status != SessionStatus.QUEUED and finished_at is not None)
+
+
+def lock_sessions(runs: Iterable[tuple[Hashable, int]]) -> dict[Hashable, tuple]:
+    """Lock the sessions of ``runs`` ((session id, fence) pairs) until the transaction ends (call
+    inside ``transaction.atomic``); their (status, finished_at, attempts) by id. A claim's UPDATE
+    waits for the lock, so what the caller writes commits before any later claim or not at all."""
+    ids = sorted({pk for pk, _ in runs}, key=str)
+    if not ids:
+        return {}
+    return {pk: (status, finished_at, attempts) for pk, status, finished_at, attempts in
+            Session.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
+            .values_list("pk", "status", "finished_at", "attempts")}
+
+
+def lock_owned(runs: Iterable[tuple[Hashable, int]]) -> set[tuple[Hashable, int]]:
+    """Lock the sessions of ``runs`` and return the pairs whose run still owns its session."""
+    runs = set(runs)
+    current = lock_sessions(runs)
+    return {(pk, fence) for pk, fence in runs if pk in current and owns(*current[pk], fence)}
+
+
+def database_now() -> datetime:
+    """The database's clock: the one every lease is measured by, whatever host asks."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp()")
+        return cursor.fetchone()[0]
+
+
+_CLAIM_SQL = f"""
+UPDATE {Session._meta.db_table}
+   SET status = 'running', started_at = COALESCE(started_at, statement_timestamp()),
+       updated_at = statement_timestamp(), last_activity_at = statement_timestamp(),
+       lease_expires_at = statement_timestamp() + make_interval(secs => %s),
+       worker = %s, attempts = attempts + 1
+ WHERE id = %s AND created_at = %s
+   AND (status = 'queued' OR (status = 'running' AND (lease_expires_at IS NULL
+                                                      OR lease_expires_at < statement_timestamp())))
+RETURNING attempts"""
+
+
+def claim(session: Session) -> int | None:
+    """Take the session's lease (only when it is queued, or running with a lapsed lease, by the
+    database's clock) and return the run's fence, or None when another run holds it.
+
+    The fence is read back in the claiming statement, so no other claim can come between; it is
+    also set on ``session.attempts``, which the run's writes carry from here on.
+    """
+    with connections["default"].cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, [conf.SESSION_LEASE_S, socket.gethostname(), session.pk, session.created_at])
+        row = cursor.fetchone()
+    invalidate_session(session.pk)
+    if row is None:
+        return None
+    session.attempts = row[0]
+    return row[0]
+
+
+def lease_until() -> Now:
+    """``statement_timestamp() + SESSION_LEASE_S``, on the database's clock."""
+    return Now() + Value(timedelta(seconds=conf.SESSION_LEASE_S), output_field=DurationField())
+
+
+def renew_leases(runs: Mapping[Hashable, int]) -> set:
+    """Heartbeat: extend the leases of the sessions whose runs (id -> fence) still own them, so
+    the reconciler leaves them be; return the ids whose fence is stale (another run took over, or
+    the session was re-queued or ended under this run): their run must stop."""
+    wanted = set(runs.items())
+    if not wanted:
+        return set()
+    with transaction.atomic():
+        owned = lock_owned(wanted)
+        if owned:
+            Session.objects.filter(pk__in=[pk for pk, _ in owned], status=SessionStatus.RUNNING).update(
+                lease_expires_at=lease_until(), last_activity_at=Now())
+    return {pk for pk, _ in wanted - owned}
+
+
+class LeaseKeeper:
+    """Renews one run's lease from a timer thread while its task thread is busy (the models
+    load under the residency's lock after the claim, which may take longer than a lease)."""
+
+    def __init__(self, session: Session) -> None:
+        self.runs = {session.pk: session.attempts}
+        self.stale = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"specops-lease-{session.pk}", daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(conf.SESSION_LEASE_S / 3):
+                try:
+                    self.stale = self.stale or bool(renew_leases(self.runs))
+                except Exception:  # the next tick tries again; the loop's renewals follow
+                    logger.exception("renewing the lease of %s while it prepares failed", list(self.runs))
+                    close_old_connections()
+        finally:
+            connections.close_all()  # this thread's
