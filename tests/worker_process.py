@@ -24,9 +24,9 @@ def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None =
                  extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``celery worker -Q queue`` on the test database; return once it answers a ping.
 
-    The worker runs like production's: a threads pool feeding one batching loop. By default the
-    speculation policy is off, so every step drafts on the request's fixed schedule (tests can
-    then count candidates per step); ``extra_env`` may turn it on.
+    The worker runs like production's: a threads pool feeding one batching loop, with the
+    speculation policy choosing each step's depth (it used to be switched off here, and a fresh
+    worker that never drafted went unseen: issue 25). ``extra_env`` overrides any setting.
     """
     env = {
         **os.environ,
@@ -37,7 +37,6 @@ def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None =
         ),
         "SPECOPS_WORKER_DEVICE": "cpu",
         "HF_HUB_OFFLINE": "1",
-        "SPECOPS_SPECULATION_POLICY": "false",
         **(extra_env or {}),
     }
     if broker_url:
