@@ -49,6 +49,14 @@ def error_response(request: HttpRequest, status: int, message: str, *, param: st
     return response
 
 
+def field_error_response(request: HttpRequest, param: str | None, message: str) -> JsonResponse:
+    """A 400 for one request field in the called API's shape: OpenAI's ``param``, or DRF's
+    ``{field: [message], "status": 400}`` (``detail`` when no field is at fault)."""
+    if is_openai_path(request.path) or param is None:
+        return error_response(request, 400, message, param=param, code="invalid_value")
+    return JsonResponse({param: [message], "status": 400}, status=400)
+
+
 def body_too_large_message(length: int | None) -> str:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     size = f"{length} bytes" if length is not None else "larger than allowed"

@@ -98,9 +98,14 @@ class ModelVersion(models.Model):
         A draft replacing one of its own family (its base or a sibling variant) also becomes the
         default draft of the targets that drafted with the replaced one.
         """
+        # Every version of the name and role is locked first, in one order: a concurrent promotion
+        # of the same name waits here, then reads (a new statement, a new snapshot) the version
+        # this one made active. Locking only the active rows let both promotions see the same
+        # active row and make two versions active (a unique violation, a 500).
+        list(ModelVersion.objects.select_for_update().filter(name=self.name, role=self.role)
+             .order_by("pk").values_list("pk", flat=True))
         replaced = list(
-            ModelVersion.objects.select_for_update()
-            .filter(name=self.name, role=self.role, status=VersionStatus.ACTIVE)
+            ModelVersion.objects.filter(name=self.name, role=self.role, status=VersionStatus.ACTIVE)
             .exclude(pk=self.pk)
         )
         ModelVersion.objects.filter(pk__in=[v.pk for v in replaced]).update(status=VersionStatus.RETIRED)

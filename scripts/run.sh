@@ -92,9 +92,10 @@ cat <<TXT
 SpecOps is running ($gpus GPU queue(s) + cpu + maintenance):
   API       http://$HOST:$PORT/api/v1/        (docs: http://$HOST:$PORT/api/docs/)
   OpenAI    http://$HOST:$PORT/v1/            (model "demo")
-  Admin     http://$HOST:$PORT/admin/          (operator credentials: printed above on first run)
+  Admin     http://$HOST:$PORT/admin/          (the operator's login: printed above on first run)
   Metrics   http://$HOST:$PORT/metrics
-  API token: $PY manage.py drf_create_token operator
+  API token: printed above on first run (tenant user "api", no admin rights; again:
+             $PY manage.py drf_create_token api)
 Model "demo": the quick pair answers as soon as "demo build demo:quick-0 done" shows below; the
 full pair trains in the background ("demo build demo:seed0 ..." lines, the admin dashboard) and
 replaces it when done.

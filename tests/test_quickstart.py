@@ -15,6 +15,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 from django.core.management import call_command
+from rest_framework.authtoken.models import Token
 
 from inference import prediction_cache
 from inference.demo import demo_build_progress
@@ -24,6 +25,7 @@ from inference.build_records import BUILDING, DONE, INTERRUPTED, KEY, build_reco
 from inference.demo.progress import BuildProgress
 from inference.engine.models.loading import load_causal_lm
 from inference.models import ModelRole, ModelVersion, VersionStatus
+from metadata.api.tenancy import tenant_of
 from inference.registry import (
     DEMO_NAME,
     full_version,
@@ -231,7 +233,12 @@ def test_prepare_run_migrates_creates_the_operator_and_writes_the_ready_file(db,
     ready = tmp_path / "var" / "prepared"
     call_command("prepare_run", "--ready-file", str(ready), stdout=open(tmp_path / "out", "w"))
     assert ready.read_text() == "ready\n"
-    assert "API token:" in (tmp_path / "out").read_text()
+    printed = (tmp_path / "out").read_text()
+    assert "password:" in printed and "API token:" in printed
+    key = printed.split("API token:")[1].split()[0]
+    user = Token.objects.select_related("user").get(key=key).user
+    assert not (user.is_superuser or user.is_staff) and tenant_of(user) is not None  # a tenant's, not an admin's
+    assert not Token.objects.filter(user__is_superuser=True).exists()  # the operator signs in; no token
 
 
 def _building_full_pair() -> BuildProgress:

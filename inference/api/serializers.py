@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from django.http import QueryDict
@@ -124,6 +125,17 @@ class GenerationRequestSerializer(serializers.Serializer):
     stop = serializers.ListField(
         child=StrictCharField(min_length=1, max_length=MAX_STOP_CHARS, trim_whitespace=False),
         max_length=MAX_STOP_SEQUENCES, default=list)
+
+    def to_internal_value(self, data: Any) -> dict:
+        """Refuse fields this endpoint does not take, by name: a misspelt or foreign field (OpenAI's
+        ``max_tokens``) would otherwise be dropped and the request run with a default."""
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                accepted = ", ".join(sorted(self.fields))
+                raise serializers.ValidationError(
+                    {name: [f"unknown field; this endpoint takes {accepted}."] for name in unknown})
+        return super().to_internal_value(data)
 
     def get_fields(self) -> dict[str, serializers.Field]:
         fields = super().get_fields()

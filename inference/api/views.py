@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
-from rest_framework.permissions import IsAdminUser
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
 
 from core.api_errors import Unavailable
@@ -18,7 +18,7 @@ from inference.api.serializers import (
     ModelVersionSerializer,
 )
 from inference.generations import GenerationRefused, ModelNotServed, start_generation
-from inference.models import ModelVersion
+from inference.models import ModelVersion, VersionStatus
 from metadata.api.tenancy import tenant_of
 
 
@@ -74,11 +74,35 @@ class GenerationViewSet(viewsets.GenericViewSet):
         return Response(body, status=code, headers={"Location": url})
 
 
+PROMOTE_PERMISSION = "inference.change_modelversion"
+
+
+def sees_every_version(user) -> bool:
+    """Staff with the model permission (the admin's promoters) see staged and retired versions too."""
+    return bool(user.is_staff and user.has_perm(PROMOTE_PERMISSION))
+
+
+class CanPromote(BasePermission):
+    """Promotion changes what every tenant is served: the same permission the admin asks for."""
+
+    message = f"promoting a model version needs staff status and the {PROMOTE_PERMISSION} permission."
+
+    def has_permission(self, request, view) -> bool:
+        return bool(request.user and request.user.is_authenticated and sees_every_version(request.user))
+
+
 class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = ModelVersion.objects.order_by("name", "role", "-created_at")
+    """Model versions: a tenant sees the active ones; staff with the model permission see all."""
+
     serializer_class = ModelVersionSerializer
 
-    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def get_queryset(self):
+        versions = ModelVersion.objects.order_by("name", "role", "-created_at")
+        if sees_every_version(self.request.user):
+            return versions
+        return versions.filter(status=VersionStatus.ACTIVE)
+
+    @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, CanPromote])
     def promote(self, request, pk=None):
         version = self.get_object()
         with transaction.atomic():

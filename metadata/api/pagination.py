@@ -27,6 +27,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 
+from core.parsers import text_rule_broken
+
 CURSOR_PARAM = "cursor"
 NOT_A_CURSOR = "is not a cursor this API issued (use the previous page's `next`)."
 MAX_CURSOR_LENGTH = 1000
@@ -96,6 +98,8 @@ def key_value(model: type[Model], column: KeyColumn, value: Any) -> Any:
     try:
         if value is None:
             raise ValueError("keys are NOT NULL")
+        if isinstance(value, str) and text_rule_broken(value):
+            raise ValueError("no query can take this text")
         typed = field.to_python(value)
         if isinstance(field, models.IntegerField) and not -2**63 <= typed < 2**63:
             raise ValueError("out of range")

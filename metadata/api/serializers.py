@@ -1,20 +1,58 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from metadata.models import Candidate, Session, TokenRecord
+
+# What a tenant is told of a session's error: a stable message per code. The stored error (an
+# exception's text: "Error 111 connecting to 127.0.0.1:6379", a worker's host name) is for staff.
+ERROR_MESSAGES = {
+    "worker_lost": "the generation's worker was lost; it is retried up to the attempt limit.",
+    "worker_error": "generation failed",
+}
+
+
+def error_code(error: str) -> str | None:
+    """The stable code of a stored session error (None when there is none)."""
+    if not error:
+        return None
+    return "worker_lost" if "worker lost" in error or "was lost" in error else "worker_error"
+
+
+def public_error(error: str, *, staff: bool) -> dict[str, Any]:
+    """``{"error", "error_code"}`` as the caller may see them: the stored detail for staff only."""
+    code = error_code(error)
+    if code is None:
+        return {"error": "", "error_code": None}
+    return {"error": error if staff else ERROR_MESSAGES[code], "error_code": code}
+
+
+def is_staff(request: Any) -> bool:
+    return bool(getattr(getattr(request, "user", None), "is_staff", False))
 
 
 class SessionSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="target.name", read_only=True)
     model_version = serializers.CharField(source="target.version", read_only=True)
+    error_code = serializers.SerializerMethodField(help_text="worker_lost or worker_error; null without an error.")
 
     class Meta:
         model = Session
         fields = ("id", "status", "model", "model_version", "drafter", "queue", "prompt", "prompt_tokens",
-                  "params", "token_count", "text", "finish_reason", "error", "stats", "attempts", "created_at",
+                  "params", "token_count", "text", "finish_reason", "error", "error_code", "stats", "attempts", "created_at",
                   "started_at", "finished_at", "updated_at")
         read_only_fields = fields
+
+    def get_error_code(self, instance: Session) -> str | None:
+        return error_code(instance.error or "")
+
+    def to_representation(self, instance: Session) -> dict[str, Any]:
+        """The stored error is shown to staff; a tenant gets its stable message and ``error_code``."""
+        data = super().to_representation(instance)
+        data.update(public_error(instance.error or "", staff=is_staff(self.context.get("request"))))
+        return data
 
 
 class TokenSerializer(serializers.ModelSerializer):

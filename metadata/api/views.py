@@ -29,6 +29,7 @@ from metadata.api.serializers import (
     CandidateSerializer,
     SessionSerializer,
     TokenSerializer,
+    public_error,
 )
 from metadata.api.tenancy import tenant_of
 from metadata.archival.families import archived_session_job
@@ -150,10 +151,10 @@ async def session_stream(request: HttpRequest, pk) -> HttpResponse:
             absent.detail, dict) else "Not found.")
     if state["tenant_id"] != caller.tenant.pk:
         return error_response(request, 404, "Not found.")  # another tenant's session is as absent as a missing one
-    return sse_response(_session_events(pk, after))
+    return sse_response(_session_events(pk, after, staff=bool(caller.user.is_staff)))
 
 
-async def _session_events(pk, after: str) -> AsyncIterator[str]:
+async def _session_events(pk, after: str, staff: bool = False) -> AsyncIterator[str]:
     idle_limit = project_conf.STREAM_IDLE_LIMIT_S
     items = follow(pk, after, idle_limit_s=idle_limit)
     try:
@@ -165,7 +166,10 @@ async def _session_events(pk, after: str) -> AsyncIterator[str]:
                     detail = f"no event for {idle_limit:g} s; reconnect with Last-Event-ID to go on waiting."
                     yield sse_message(json.dumps({"detail": detail, "idle_s": idle_limit}), event="timeout")
                 else:
-                    yield sse_message(json.dumps(item.data), event=item.event, event_id=item.id or None)
+                    data = item.data
+                    if item.event == "done" and data.get("error"):  # the stored detail is for staff
+                        data = {**data, **public_error(data["error"], staff=staff)}
+                    yield sse_message(json.dumps(data), event=item.event, event_id=item.id or None)
     except RedisError as exc:  # the stream ends with an event that says why, never silently
         logger.warning("stream of session %s: %s", pk, exc)
         detail = "the token stream is unavailable; reconnect with Last-Event-ID to resume."

@@ -54,6 +54,7 @@ from inference.generations import (
 )
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from metadata.api.async_views import Caller, Refused, authorize, run_db
+from metadata.api.serializers import public_error
 from metadata.models import SessionStatus
 from metadata.sessions import token_stream
 
@@ -145,6 +146,7 @@ class Submission:
     prompt_tokens: int
     directory: str
     cached: dict | None  # a prediction-cache hit: {"text", "token_count", "finish_reason"}
+    staff: bool = False  # whether a failure's stored detail may be shown
 
     def decoder(self) -> Callable[[list[int]], str]:
         tokenizer = tokenizer_for(self.directory)
@@ -171,7 +173,8 @@ def _submit(request: OpenAIRequest, caller: Caller) -> Submission:
     session, cached = generation.session, None
     if generation.cached:
         cached = {"text": session.text, "token_count": session.token_count, "finish_reason": session.finish_reason}
-    return Submission(str(session.pk), serializer.validated_data["prompt_tokens"], directory, cached)
+    return Submission(str(session.pk), serializer.validated_data["prompt_tokens"], directory, cached,
+                      staff=bool(caller.user.is_staff))
 
 
 async def _generate(request: HttpRequest, kind: str):
@@ -179,7 +182,7 @@ async def _generate(request: HttpRequest, kind: str):
     try:
         body = loads_json(request.body)
     except BodyNotJSON as exc:
-        raise bad_param(None, str(exc), code="invalid_body") from None
+        raise bad_param(exc.param, str(exc), code="invalid_value" if exc.param else "invalid_body") from None
     openai_request = parse_request(body, kind)
     submission = await run_db(_submit, openai_request, caller)
     header = ReplyHeader(kind, submission.session_id, openai_request.model, int(time.time()))
@@ -191,14 +194,15 @@ async def _generate(request: HttpRequest, kind: str):
     return response
 
 
-def _failure(done: dict, session_id: str) -> OpenAIError | None:
-    """The error of a session that did not succeed, else None."""
+def _failure(done: dict, session_id: str, staff: bool = False) -> OpenAIError | None:
+    """The error of a session that did not succeed, else None (its stored detail for staff only)."""
     if done["status"] == SessionStatus.SUCCEEDED:
         return None
     if done["status"] == SessionStatus.CANCELLED:
         return OpenAIError(409, f"the generation (session {session_id}) was cancelled.", code="generation_cancelled")
-    return OpenAIError(500, f"the generation (session {session_id}) failed: {done.get('error') or 'unknown error'}",
-                       code="generation_failed")
+    error = public_error(done.get("error") or "", staff=staff)
+    return OpenAIError(500, f"the generation (session {session_id}) failed: {error['error'] or 'unknown error'}",
+                       code=error["error_code"] or "generation_failed")
 
 
 class _Progress:
@@ -246,7 +250,7 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
         except RedisError:
             raise OpenAIError(503, "the token stream is unavailable; try again shortly.",
                               code="stream_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
-    failure = _failure(progress.done, submission.session_id)
+    failure = _failure(progress.done, submission.session_id, submission.staff)
     if failure is not None:
         raise failure
     return reply(header, progress.text.full(final=True), progress.finish_reason(), submission.prompt_tokens,
@@ -289,7 +293,7 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
                             observe("streaming", time.perf_counter() - received)
         except RedisError:
             error = OpenAIError(503, "the token stream is unavailable.", code="stream_unavailable")
-    error = error or _failure(progress.done, submission.session_id)
+    error = error or _failure(progress.done, submission.session_id, submission.staff)
     if error is not None:
         yield _data(error.body())
         yield DONE
