@@ -26,7 +26,13 @@ from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from inference.models import ModelVersion
 from inference.worker.batching_loop import DeviceBatchLoop
-from inference.worker.fencing import SUPERSEDED, claim, database_now, renew_leases
+from inference.worker.fencing import (
+    SUPERSEDED,
+    LeaseKeeper,
+    claim,
+    database_now,
+    renew_leases,
+)
 from inference.worker.lifecycle import finish_session
 from inference.worker.reconciler import reconcile_sessions
 from inference.worker.recorder import BatchRecorder, SessionRecorder
@@ -275,6 +281,21 @@ def test_leases_are_measured_by_the_database_clock_not_the_workers(tenant, targe
     # a reconciler on this host does not take the live session for a lost worker's
     assert reconcile_sessions().resumed == []
     assert Session.objects.get(pk=session.pk).status == "running"
+
+
+@pytest.mark.django_db(transaction=True)  # the keeper's thread has a connection of its own
+def test_the_lease_is_renewed_while_the_models_load_and_a_takeover_is_noticed(tenant, target, settings):
+    settings.SPECOPS_SESSION_LEASE_S = 0.6  # renewed every 0.2 s
+    session = new_session(tenant, target)
+    claim(session)
+    claimed = Session.objects.get(pk=session.pk).lease_expires_at
+    with LeaseKeeper(session) as keeper:
+        time.sleep(1.0)  # a model load longer than the lease
+        assert Session.objects.get(pk=session.pk).lease_expires_at > max(claimed, database_now())
+        assert not keeper.stale
+        Session.objects.filter(pk=session.pk).update(attempts=2)  # another run's claim (the keeper renews on)
+        time.sleep(0.5)
+    assert keeper.stale
 
 
 # ---- a real worker paused past its lease -----------------------------------------------------------
