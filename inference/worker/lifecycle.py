@@ -341,15 +341,19 @@ class EnqueueFailed(Exception):
     """The broker refused a re-enqueued session's task: it stays queued (see `requeue`)."""
 
 
-def requeue(pk, queue: str, condition: Q, now: datetime, **fields) -> bool:
+def requeue(pk, queue: str, condition: Q, now: datetime, *, next_fence: int | None = None, **fields) -> bool:
     """Mark the session enqueued now (if ``condition`` still holds), then send it a task.
 
-    False when a worker claimed or finished it meanwhile; `EnqueueFailed` when the broker refuses
-    the task (the session stays queued, so a later pass sends it again).
+    ``next_fence`` (a lost run's session: its attempts + 1) is recorded on its stream first, so
+    the lost run, should it wake up, streams nothing before the next claim. False when a worker
+    claimed or finished it meanwhile; `EnqueueFailed` when the broker refuses the task (the
+    session stays queued, so a later pass sends it again).
     """
     if not Session.objects.filter(condition, pk=pk).update(enqueued_at=now, updated_at=now, **fields):
         return False
     invalidate_session(pk)
+    if next_fence is not None:
+        token_stream.raise_fence(pk, next_fence)
     try:
         current_app.send_task(GENERATE_TASK, args=[str(pk)], queue=queue)
     except Exception as error:

@@ -117,8 +117,8 @@ class SessionReconciler:
                 continue
             note = (f"worker lost (attempt {attempts} of {conf.MAX_ATTEMPTS}, on {worker}); re-enqueued "
                     f"to resume from its committed tokens")
-            if self._requeue(pk, row["queue"], condition, now, report, status=SessionStatus.QUEUED,
-                             lease_expires_at=None, error=note):
+            if self._requeue(pk, row["queue"], condition, now, report, next_fence=attempts + 1,
+                             status=SessionStatus.QUEUED, lease_expires_at=None, error=note):
                 report.resumed.append(str(pk))
 
     def given_up(self, now: datetime, report: ReconcileReport) -> None:

@@ -182,6 +182,20 @@ def begin_run(session_id, fence: int, step: int) -> int:
         args=[int(fence), step_entry_id(step), STREAM_TTL_S]))
 
 
+_RAISE_FENCE_LUA = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+end
+return 1
+"""
+
+
+def raise_fence(session_id, fence: int) -> None:
+    """Refuse from now on the events of runs below ``fence`` (a session handed back to its queue:
+    its next claim will be ``fence``, and the lost run must not stream in the meantime)."""
+    _script("raise_fence", _RAISE_FENCE_LUA)(keys=[fence_key(session_id)], args=[int(fence), STREAM_TTL_S])
+
+
 def forget_after(session_id, step: int) -> int:
     """Delete the events after step `step` (those a crashed run streamed but never committed),
     so a resumed run publishes them again from what it generates; returns how many went."""

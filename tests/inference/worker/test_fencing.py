@@ -152,6 +152,8 @@ def test_a_session_handed_back_to_its_queue_takes_no_write_from_its_old_run(tena
     assert renew_leases({session.pk: 1}) == {session.pk}
     assert not finish_session(session, "failed", error="late")
     assert Session.objects.get(pk=session.pk).status == "queued"
+    assert not token_stream.publish(session.pk, "tokens", {"step": 0}, step=0, fence=1)  # its stream too
+    assert stream_events(session.pk) == []
 
 
 def test_a_stale_publish_is_refused_by_the_stream_script(tenant, target, clean_stream):
