@@ -212,7 +212,7 @@ def end_session(session: Session, status: str, *, error: str = "", finish_reason
     with transaction.atomic():
         if abandoned is None and not lock_owned([(session.pk, session.attempts)]):
             return None  # a later run took the session over, or it ended or went back to its queue
-        current = (Session.objects.select_for_update().filter(abandoned or Q(), pk=session.pk)
+        current = (Session.objects.select_for_update(no_key=True).filter(abandoned or Q(), pk=session.pk)
                    .values_list("status", "finished_at").first())
         ended = current is None or current[0] in (SessionStatus.SUCCEEDED, SessionStatus.FAILED) or (
             current[0] == SessionStatus.CANCELLED and current[1] is not None)
