@@ -11,7 +11,7 @@ Two kinds of users:
 
 Run it through ``deploy/loadtest/run.sh`` (headless, bounded, SLO verdict per endpoint and on the
 TTFT). Settings come from the environment: ``SPECOPS_TOKEN`` (required, ``manage.py
-drf_create_token operator``) and the ``SPECOPS_LOAD_*`` variables below. Every URL the API returns
+drf_create_token api``) and the ``SPECOPS_LOAD_*`` variables below. Every URL the API returns
 is reduced to its path, so requests only ever go to the host locust was given. The test stops by
 itself after ``--run-time`` or after ``SPECOPS_LOAD_MAX_REQUESTS`` requests, whichever comes first.
 
@@ -194,7 +194,7 @@ def _on_test_start(environment, **_kwargs) -> None:
     global _runner
     _runner = environment.runner
     if not os.environ.get("SPECOPS_TOKEN"):
-        logger.error("SPECOPS_TOKEN is not set (create one: manage.py drf_create_token operator)")
+        logger.error("SPECOPS_TOKEN is not set (create one: manage.py drf_create_token api)")
         gevent.spawn(environment.runner.quit)
 
 

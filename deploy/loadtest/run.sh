@@ -94,7 +94,7 @@ if ((DRY_RUN)); then
   exit 0
 fi
 
-[[ -n ${SPECOPS_TOKEN:-} ]] || die "SPECOPS_TOKEN is not set (create one: .venv/bin/python manage.py drf_create_token operator)"
+[[ -n ${SPECOPS_TOKEN:-} ]] || die "SPECOPS_TOKEN is not set (create one: .venv/bin/python manage.py drf_create_token api)"
 [[ -x $LOCUST ]] || die "$LOCUST not found (pip install -r requirements.txt into .venv)"
 mkdir -p "$OUT"
 echo "loadtest: $USERS users (+$RATE/s) for $RUN_TIME or $MAX_REQUESTS requests against $HOST; output in $OUT"
