@@ -58,6 +58,8 @@ def unsafe_text(value: Any, path: str = "") -> tuple[str, str] | None:
 
 def top_field(path: str) -> str:
     """The request field a path is in: ``messages`` for ``messages[0].content``."""
+    if path.startswith("("):  # a field name that breaks a rule is no field to name
+        return "non_field_errors"
     return re.split(r"[.\[ ]", path, maxsplit=1)[0] or "non_field_errors"
 
 
@@ -97,5 +99,5 @@ def loads_json(body: bytes) -> Any:
     found = unsafe_text(data)
     if found:
         path, rule = found
-        raise BodyNotJSON(f"'{path}' {rule}.", param=path)
+        raise BodyNotJSON(f"'{path}' {rule}.", param=None if path.startswith("(") else path)
     return data

@@ -31,7 +31,8 @@ from metadata.models import Session
 
 NUL = "a\x00b"
 SURROGATE = "a\ud800b"
-HOSTILE = [NUL, SURROGATE, 10**30, -1, 1.5, True, None, [], {}, [NUL], {"k": SURROGATE}, {NUL: 1}]
+HOSTILE = [NUL, SURROGATE, 10**30, -1, 1.5, float("nan"), float("-inf"), True, None, [], {}, [NUL],
+           {"k": SURROGATE}, {NUL: 1}]
 NUL_RULE = "must not contain NUL characters"
 SURROGATE_RULE = "must be valid UTF-8"
 REST_FIELDS = sorted(GenerationRequestSerializer().get_fields())
@@ -147,6 +148,13 @@ def test_openai_text_rule_names_the_param(client, path, field, body, value, rule
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["param"] == field and rule in error["message"], error
+
+
+def test_a_field_name_that_breaks_a_rule_is_refused(client):
+    response = post(client, "/api/v1/generations/", {"prompt": "x = 1\n", "a\x00b": 1})
+    assert response.status_code == 400 and NUL_RULE in " ".join(response.json()["non_field_errors"])
+    response = post(client, "/v1/completions", {"model": "tiny", "prompt": "x", "a\ud800": 1})
+    assert response.status_code == 400 and response.json()["error"]["param"] is None
 
 
 def test_openai_message_content_rule_names_the_message(client):
