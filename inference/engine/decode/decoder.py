@@ -26,6 +26,7 @@ from inference.engine.decode.draft_tree import (
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.errors import ConfigError, PromptTooLongError
 from inference.engine.kv.rollback import keep_accepted, new_cache
+from inference.engine.models.features import FeatureTap, tapped
 from inference.engine.models.linear_kernels import prepare_kernels
 from inference.engine.models.loading import LoadedModel, decode_of, unwrap_model
 from inference.engine.models.modeling import context_length, forward_logits, input_vocab_size
@@ -112,6 +113,22 @@ def branches_of(tree: DraftTree, accepted_nodes: list[int]) -> list[Branch]:
     return branches
 
 
+def feature_layers(drafter: Drafter) -> tuple[int, ...] | None:
+    """The target layers a feature-conditioned drafter (dspark) reads; None for the others."""
+    return getattr(drafter, "target_layer_ids", None)
+
+
+def hand_over_features(drafter: Drafter, tap: FeatureTap, context_new: int, accepted_nodes: list[int]) -> None:
+    """Give the drafter the features of the positions the step committed, in order.
+
+    The forward read the uncached context tail (`context_new` tokens: the prompt, then the
+    pending token) followed by the draft nodes; committed are the tail and the accepted nodes.
+    """
+    features = tap.features()[0]  # [context_new + nodes, width]
+    kept = list(range(context_new)) + [context_new + node for node in accepted_nodes]
+    drafter.observe_target_features(features[kept][None])
+
+
 class SpeculativeDecoder:
     """Generates from `target` with any drafter; greedy output equals the target's own greedy.
 
@@ -175,8 +192,12 @@ class SpeculativeDecoder:
                 tree = (self.drafter.propose(context, DraftRequest(max_depth, sampling, generator))
                         if max_depth > 0 else DraftTree.empty())
                 drafted_at = time.perf_counter()
-                result = self._verify(tree, context, cache, sampling, generator)
+                cached = cache.get_seq_length()
+                with tapped(self.target, feature_layers(self.drafter)) as tap:
+                    result = self._verify(tree, context, cache, sampling, generator)
                 keep_accepted(cache, len(context), result.accepted_nodes)
+                if tap is not None:
+                    hand_over_features(self.drafter, tap, len(context) - cached, result.accepted_nodes)
             accepted = len(result.accepted_nodes)
             new_tokens = [tree.token_ids[node] for node in result.accepted_nodes]
             new_tokens.append(result.next_token)

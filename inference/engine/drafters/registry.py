@@ -23,6 +23,8 @@ from transformers import PreTrainedModel
 from inference.engine.config import DraftConfig
 from inference.engine.drafters.base import Drafter, NoDrafter
 from inference.engine.drafters.draft_model import DraftModelDrafter
+from inference.engine.drafters.dspark.drafter import DSparkDrafter
+from inference.engine.drafters.dspark.modeling import DSparkModel
 from inference.engine.drafters.ngram import NgramDrafter
 from inference.engine.drafters.suffix import SuffixDrafter
 from inference.engine.drafters.tree import TreeDrafter
@@ -72,7 +74,9 @@ class DrafterKind:
     `auto`, which is resolved, never built); uses_draft_model: a draft model goes with it when the target has
     one (the kinds that need one, and `auto`, which may pick them); config_fields: every
     DraftConfig field it reads; parameters: those of them a request may set; uses_corpus: it
-    drafts from a corpus of earlier outputs and is built as `cls(config, corpus=key)`.
+    drafts from a corpus of earlier outputs and is built as `cls(config, corpus=key)`;
+    needs_dspark: it runs a DSpark checkpoint trained for the target (drafters/dspark), built as
+    `cls(dspark_model, target_logits_width, config)`.
     """
 
     name: str
@@ -83,6 +87,7 @@ class DrafterKind:
     config_fields: tuple[str, ...] = ()
     parameters: tuple[DrafterParameter, ...] = ()
     uses_corpus: bool = False
+    needs_dspark: bool = False
 
     def __post_init__(self) -> None:
         unknown = [name for name in self.config_fields if name not in _DRAFT_CONFIG_FIELDS]
@@ -149,6 +154,9 @@ _KINDS = (
                 needs_draft_model=True, uses_draft_model=True,
                 config_fields=("tree_width", "tree_depth", "node_budget", *_SCHEDULE_FIELDS),
                 parameters=(TREE_WIDTH, TREE_DEPTH, NODE_BUDGET)),
+    DrafterKind("dspark", "a DSpark block on the target's own features, one forward per step",
+                DSparkDrafter, needs_dspark=True,
+                config_fields=("confidence_threshold", *_SCHEDULE_FIELDS)),
     DrafterKind("none", "target only, one token per step", NoDrafter),
     DrafterKind(AUTO, "the serving policy chooses the drafter and its depth", None,
                 uses_draft_model=True, config_fields=("length",), parameters=(DRAFT_LENGTH,)),
@@ -182,6 +190,7 @@ def build_drafter(
     draft: LoadedModel | PreTrainedModel | None = None,
     config: DraftConfig | None = None,
     corpus: Hashable | None = None,
+    dspark: DSparkModel | None = None,
 ) -> Drafter:
     """Build the drafter named `kind` for `target` (and `draft`, for the model-based kinds).
 
@@ -189,9 +198,16 @@ def build_drafter(
     uses the draft first checks that both share a tokenizer and EOS (ModelLoadError naming
     both directories); bare models carry no tokenizer to check. `corpus`: the key of the
     earlier outputs a corpus-fed kind (suffix) drafts from; the other kinds ignore it.
+    `dspark`: the DSpark checkpoint (checkpoint.load_dspark) the `dspark` kind runs.
     """
     entry = drafter_kind(kind)
     config = config or DraftConfig()
+    if entry.needs_dspark:
+        if dspark is None:
+            raise ConfigError(f"drafter: {kind!r} needs a DSpark checkpoint registered for this target")
+        target_model = unwrap_model(target)
+        dspark.dspark.check_target(target_model)
+        return entry.drafter_class(dspark, logits_width(target_model), config)
     if not entry.needs_draft_model:
         return entry.build(unwrap_model(target), None, config, corpus)
     if draft is None:

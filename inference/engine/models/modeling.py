@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.models.features import EMBEDDING_LAYER, active_tap
 from inference.engine.models.linear_kernels import linear_kernels
 
 # Config attributes that hold the longest sequence a model was built for, most specific first.
@@ -101,12 +102,18 @@ def _lean_hidden(
                                     dtype=hidden.dtype, device=input_ids.device)
         attention_mask = attention_mask.triu_(past + 1)[None, None]
     position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
-    for layer, cache_layer in zip(inner.layers[: model.config.num_hidden_layers], cache.layers):
+    tap = active_tap(model)  # a feature-conditioned drafter's layers (features.py), else None
+    if tap is not None:
+        tap.record(EMBEDDING_LAYER, hidden)
+    for index, (layer, cache_layer) in enumerate(zip(inner.layers[: model.config.num_hidden_layers],
+                                                     cache.layers)):
         if getattr(layer, "_compiled_call_impl", None) is not None:  # torch.compile'd (variants/transforms.py)
             hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
                            position_ids=position_ids, cache=cache, use_cache=True)
         else:
             hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer)
+        if tap is not None:
+            tap.record(index, hidden)
     return inner.norm(hidden)
 
 

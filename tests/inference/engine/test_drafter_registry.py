@@ -16,15 +16,22 @@ from inference.engine import (
 )
 from inference.engine.drafters import DRAFTER_PARAMETERS, PARAMETER_NAMES, drafter_kind
 
+from inference.engine.drafters.dspark import load_dspark
+
 from .conftest import draft_model, target_model
+from .dspark_models import write_deepspec_checkpoint
 
 DRAFT_CONFIG_FIELDS = {field.name for field in dataclasses.fields(DraftConfig)}
 
 
 @pytest.mark.parametrize("kind", DRAFTER_KINDS)
-def test_every_kind_builds_a_drafter_that_carries_its_registry_name(kind):
+def test_every_kind_builds_a_drafter_that_carries_its_registry_name(kind, tmp_path):
     target = target_model("llama")
-    drafter = build_drafter(kind, target=target, draft=draft_model("llama"))
+    dspark = None
+    if DRAFTERS[kind].needs_dspark:
+        dspark = load_dspark(write_deepspec_checkpoint(tmp_path / "dspark", target, target_layer_ids=(-1, 0)),
+                             target)
+    drafter = build_drafter(kind, target=target, draft=draft_model("llama"), dspark=dspark)
     assert drafter.name == kind == DRAFTERS[kind].name
     assert (drafter.draft_model is not None) == DRAFTERS[kind].needs_draft_model
 
@@ -34,7 +41,7 @@ def test_auto_is_a_name_but_must_be_resolved_before_building():
     assert DRAFTERS[AUTO].uses_draft_model and not DRAFTERS[AUTO].needs_draft_model
     with pytest.raises(ConfigError, match="'auto' must be resolved"):
         build_drafter(AUTO, target=target_model("gpt2"), draft=draft_model("gpt2"))
-    with pytest.raises(ConfigError, match="drafter: must be one of draft_model, ngram, suffix, tree, none, auto"):
+    with pytest.raises(ConfigError, match="drafter: must be one of draft_model, ngram, suffix, tree, dspark, none, auto"):
         drafter_kind("medusa")
 
 
