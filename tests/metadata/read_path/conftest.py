@@ -16,6 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.conf import settings
+from django.db import connections
 
 from inference.models import ModelVersion, VersionStatus
 from metadata.cache import default_guard
@@ -107,6 +108,12 @@ def stopped_replica() -> Iterator[None]:
                 raise
         assert wait_until(_replica_accepts_connections, 30, 0.2), "replica did not come back"
         wait_for_replica_catch_up(30)
+        # This process's replica pool saw its connections die and backs off before reconnecting
+        # (psycopg_pool waits >= 1 s after a failed attempt, longer after each): a later test that
+        # asks the replica directly would time out on the 1 s pool timeout. Start it afresh.
+        for alias in settings.DATABASE_REPLICAS:
+            connections[alias].close()
+            connections[alias].close_pool()
 
 
 @pytest.fixture(autouse=True)
