@@ -47,6 +47,10 @@ class ModelVersion(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         limit_choices_to={"role": ModelRole.DRAFT},
     )
+    dspark_path = models.CharField(
+        max_length=500, blank=True, default="",
+        help_text="A DSpark drafter checkpoint (DeepSpec's layout) trained for this target; empty: none.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     promoted_at = models.DateTimeField(null=True, blank=True)
     variant = models.CharField(max_length=16, choices=VariantKind.choices, default=VariantKind.ORIGINAL)
@@ -76,6 +80,14 @@ class ModelVersion(models.Model):
     @property
     def directory(self) -> Path:
         path = Path(self.path)
+        return path if path.is_absolute() else conf.MODEL_DIR / path
+
+    @property
+    def dspark_directory(self) -> Path | None:
+        """The target's DSpark checkpoint directory, or None when it has none."""
+        if not self.dspark_path:
+            return None
+        path = Path(self.dspark_path)
         return path if path.is_absolute() else conf.MODEL_DIR / path
 
     @property

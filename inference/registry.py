@@ -19,6 +19,7 @@ from inference.engine.models.loading import (
     ModelLoadError,
     check_pair_directories,
     model_context_length,
+    load_causal_lm,
 )
 from inference.models import ModelRole, ModelVersion, VersionStatus
 
@@ -78,9 +79,30 @@ def register_version(name: str, version: str, role: str, directory: Path, device
     return model_version
 
 
+def check_dspark_directory(target_dir: Path, dspark_dir: Path) -> None:
+    """RegistrationError (one line) unless `dspark_dir` is a DSpark checkpoint that fits the target."""
+    from inference.engine.drafters.dspark import DSparkLoadError, load_dspark
+
+    try:
+        target = load_causal_lm(target_dir)
+        load_dspark(dspark_dir, target.model)
+    except (DSparkLoadError, ModelLoadError) as exc:
+        raise RegistrationError(str(exc)) from exc
+
+
+def attach_dspark(target: ModelVersion, dspark_dir: Path) -> ModelVersion:
+    """Make `dspark_dir` the DSpark drafter of `target`, after checking that it fits."""
+    if target.role != ModelRole.TARGET:
+        raise RegistrationError(f"{target} is a {target.role}: only a target has a DSpark drafter")
+    check_dspark_directory(target.directory, dspark_dir)
+    target.dspark_path = _stored_path(dspark_dir)
+    target.save(update_fields=["dspark_path"])
+    return target
+
+
 @transaction.atomic
 def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | None, device: str = "cpu",
-                  promote: bool = True) -> ModelVersion:
+                  promote: bool = True, dspark_dir: Path | None = None) -> ModelVersion:
     """Register a target with its draft as its default draft; return the target version.
 
     The draft must share the target's tokenizer and EOS (checked from the directories' tokenizers,
@@ -95,8 +117,13 @@ def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | N
         except ModelLoadError as exc:
             raise RegistrationError(str(exc)) from exc
         draft = register_version(name, version, ModelRole.DRAFT, draft_dir, device, promote=promote)
-    return register_version(name, version, ModelRole.TARGET, target_dir, device, default_draft=draft,
-                            promote=promote)
+    if dspark_dir is not None:
+        check_dspark_directory(target_dir, dspark_dir)  # before anything is written
+    target = register_version(name, version, ModelRole.TARGET, target_dir, device, default_draft=draft,
+                              promote=promote)
+    if dspark_dir is not None:
+        attach_dspark(target, dspark_dir)
+    return target
 
 
 def _active_demo_target(name: str) -> ModelVersion | None:

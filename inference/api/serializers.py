@@ -154,6 +154,10 @@ class GenerationRequestSerializer(serializers.Serializer):
         if kind.needs_draft_model and target.default_draft_id is None:
             raise serializers.ValidationError({"drafter": f"'{drafter}' needs a draft model; model "
                                                f"'{target.name}' has none (use 'ngram' or 'none')."})
+        if kind.needs_dspark and not target.dspark_path:
+            raise serializers.ValidationError({"drafter": f"'{drafter}' needs a DSpark drafter trained for the "
+                                               f"target; model '{target.name}' has none (register one with "
+                                               "register_model --dspark DIR, or use another drafter)."})
         drafter_params = self._drafter_params(kind, attrs)
         prompt_tokens = count_tokens(str(target.directory), attrs["prompt"])
         if prompt_tokens == 0:

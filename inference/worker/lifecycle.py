@@ -115,7 +115,8 @@ def prepare(session: Session) -> SessionJob:
         corpus=suffix_feed.corpus_key(session))
     recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
     return SessionJob(session=session, request=request, target=target, draft=draft,
-                      model_name=session.target.name, recorder=recorder)
+                      model_name=session.target.name, recorder=recorder,
+                      dspark=residency.dspark(session.target))
 
 
 def finished_before(job: SessionJob) -> str | None:

@@ -25,6 +25,7 @@ class ModelResidency:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._loaded: OrderedDict[int, object] = OrderedDict()
+        self._dspark: dict[tuple, object] = {}
         self._lock = threading.Lock()
 
     def get(self, version) -> object:
@@ -51,6 +52,28 @@ class ModelResidency:
             while len(self._loaded) > self.capacity:
                 evicted, _ = self._loaded.popitem(last=False)
                 logger.info("evicted model version %s", evicted)
+            return loaded
+
+
+    def dspark(self, version) -> object | None:
+        """The DSpark drafter of target ``version`` (a DSparkModel), loaded once; None when it has none.
+
+        Kept beside its target, under the target's key: evicting the target evicts it too.
+        """
+        directory = version.dspark_directory
+        if directory is None:
+            return None
+        target = self.get(version)
+        key = ("dspark", version.pk, str(directory))
+        with self._lock:
+            loaded = self._dspark.get(key)
+            if loaded is None:
+                from inference.engine.drafters.dspark import load_dspark
+
+                loaded = self._dspark[key] = load_dspark(directory, target.model)
+                logger.info("loaded the DSpark drafter of %s from %s", version, directory)
+            for stale in [k for k in self._dspark if k[1] not in self._loaded]:
+                del self._dspark[stale]
             return loaded
 
 
@@ -84,6 +107,7 @@ def preload_models(**kwargs) -> None:
         versions = list(ModelVersion.objects.filter(status=VersionStatus.ACTIVE, device=device))
         for version in versions:
             residency.get(version)
+            residency.dspark(version)  # a target's DSpark drafter, when it has one
         logger.info("preloaded %d model version(s) on %s", len(versions), device)
         from inference.worker import suffix_feed
 

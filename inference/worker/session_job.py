@@ -29,6 +29,7 @@ class SessionJob:
     draft: object | None
     model_name: str
     recorder: SessionRecorder
+    dspark: object | None = None  # the target's DSpark drafter (a DSparkModel), when it has one
     done: threading.Event = field(default_factory=threading.Event)
     status: str = ""
     trace: tracing.SessionTrace | None = None  # its spans, while tracing is on (core.tracing)

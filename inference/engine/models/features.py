@@ -53,11 +53,17 @@ def active_tap(model: PreTrainedModel) -> FeatureTap | None:
 
 
 def decoder_layers(model: PreTrainedModel) -> torch.nn.ModuleList:
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__} has no model.layers: its hidden states cannot be tapped")
-    return layers
+    """The decoder blocks: ``model.layers`` (Llama, Qwen, Mistral, …) or ``transformer.h`` (GPT-2)."""
+    for owner, name in (("model", "layers"), ("transformer", "h")):
+        layers = getattr(getattr(model, owner, None), name, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    raise ValueError(f"{type(model).__name__} has no model.layers nor transformer.h: "
+                     "its hidden states cannot be tapped")
+
+
+def _first_argument(args: tuple, kwargs: dict) -> torch.Tensor:
+    return args[0] if args else kwargs["hidden_states"]
 
 
 @contextmanager
@@ -74,10 +80,11 @@ def tapped(model: PreTrainedModel, layer_ids: tuple[int, ...] | None) -> Iterato
     layers = decoder_layers(model)
     # The HF path: hooks on the modules it calls. The lean path never calls the layer modules,
     # so these stay silent there and it records through `active_tap` instead.
-    inner = model.model
     if EMBEDDING_LAYER in layer_ids:
-        handles.append(inner.embed_tokens.register_forward_hook(
-            lambda module, args, output: tap.record(EMBEDDING_LAYER, output)))
+        # what the first block reads: the embeddings (plus GPT-2's learned positions)
+        handles.append(layers[0].register_forward_pre_hook(
+            lambda module, args, kwargs: tap.record(EMBEDDING_LAYER, _first_argument(args, kwargs)),
+            with_kwargs=True))
     for index in layer_ids:
         if index == EMBEDDING_LAYER:
             continue

@@ -18,15 +18,21 @@ class Command(BaseCommand):
         parser.add_argument("path", type=Path)
         parser.add_argument("--role", choices=ModelRole.values, default=ModelRole.TARGET)
         parser.add_argument("--draft", type=Path, help="Draft model directory for a target.")
+        parser.add_argument("--dspark", type=Path,
+                            help="A DSpark checkpoint directory (DeepSpec's layout) trained for the target.")
         parser.add_argument("--device", default="cpu")
         parser.add_argument("--promote", action="store_true")
 
-    def handle(self, *args, name, version, path, role, draft, device, promote, **options) -> None:
+    def handle(self, *args, name, version, path, role, draft, dspark, device, promote, **options) -> None:
         try:
+            if dspark is not None and role != ModelRole.TARGET:
+                raise CommandError("--dspark: only a target has a DSpark drafter (drop --role or --dspark)")
             if role == ModelRole.TARGET:
-                registered = register_pair(name, version, path, draft, device=device, promote=promote)
+                registered = register_pair(name, version, path, draft, device=device, promote=promote,
+                                           dspark_dir=dspark)
             else:
                 registered = register_version(name, version, role, path, device=device, promote=promote)
         except (RegistrationError, OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue})")
+        self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue})"
+                          + (f" with the DSpark drafter {registered.dspark_path}" if registered.dspark_path else ""))

@@ -47,12 +47,12 @@ class DSparkConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DSparkConfig:
-        missing = [name for name in _REQUIRED if name not in raw]
-        if missing:
-            raise ConfigError(f"config.json: a DSpark checkpoint names {', '.join(missing)}")
         architectures = raw.get("architectures") or []
         if ARCHITECTURE not in architectures:
             raise ConfigError(f"architectures: must list {ARCHITECTURE!r} (DeepSpec's DSpark), got {architectures!r}")
+        missing = [name for name in _REQUIRED if name not in raw]
+        if missing:
+            raise ConfigError(f"missing {', '.join(missing)} (every DSpark checkpoint's config.json has them)")
         layer_ids = raw["target_layer_ids"]
         if (not isinstance(layer_ids, list) or not layer_ids
                 or not all(isinstance(i, int) and not isinstance(i, bool) for i in layer_ids)):
