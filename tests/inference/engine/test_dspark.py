@@ -177,3 +177,27 @@ def test_sampling_with_dspark_follows_the_target_distribution(tmp_path, generati
     params = SamplingParams(generation["temperature"], generation.get("top_k", 0), generation.get("top_p", 1.0))
     assert decoder.stats.drafted > 0
     assert joint_p_value(counts, exact_joint(target, PROMPT, VOCAB, params)) > 1e-3
+
+
+def test_one_batched_forward_drafts_what_each_row_drafts_alone(qwen3, checkpoint):
+    """Rows of different context lengths, padded into one backbone forward: the same greedy blocks."""
+    from inference.engine.drafters.base import DraftRequest
+    from inference.engine.drafters.dspark.batched import propose_blocks
+
+    contexts = [PROMPTS[0] + [0], PROMPTS[2] + [5, 6], PROMPTS[1] + [1]]
+    requests = [DraftRequest(4), DraftRequest(3), DraftRequest(0)]
+    alone = [_fresh_proposal(qwen3, checkpoint, context, request) for context, request in zip(contexts, requests)]
+    dspark = load_dspark(checkpoint, qwen3)
+    drafters = []
+    for context in contexts:
+        drafter = build_drafter("dspark", qwen3, dspark=dspark)
+        drafter.begin(context)
+        with torch.inference_mode():
+            hidden = qwen3(torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states
+        drafter.observe_target_features(torch.cat([hidden[i + 1] for i in (0, 1)], dim=-1))
+        drafters.append(drafter)
+    together = propose_blocks(drafters, contexts, requests)
+    assert [t.token_ids for t in together] == [t.token_ids for t in alone]
+    assert len(together[2]) == 0
+    for got, want in zip(together[:2], alone[:2]):
+        assert got.survival == pytest.approx(want.survival, rel=1e-6)
