@@ -16,12 +16,17 @@ drifts hit them alike); tokens/s is the median. The last line is machine readabl
 RESULT greedy_identical=<bool> speedup_vs_baseline=<x> speedup_vs_hf_assisted=<x>
        tree_over_chain_accept_len=<x> acceptance=<accepted/drafted at gamma=4>
        tree_over_chain_accept_len_t1=<x> tree_over_chain_tok_s_t1=<x>
-       tree_over_chain_accept_len_weak_t1=<x>                                   (one line)
+       tree_over_chain_accept_len_weak_t1=<x>
+       dspark_tau_over_chain=<x> dspark_tau_over_chain_t1=<x>                 (one line)
 
 greedy_identical covers every greedy method of ours against HF greedy; both speedups use the
 gamma-4 chain with a constant schedule, like the HF assisted run it is compared with.
 tree_over_chain_accept_len is greedy at `--node-budget` (8) on the demo pair; the _t1 keys are
 temperature 1.0 at budget 16, on the demo pair and (_weak_) on the weak draft.
+The dspark keys: the DSpark drafter's accepted length tau (with the bonus token) over the
+draft-model chain's at the same block (the checkpoint's block size), greedy and at T = 1, when the demo
+target has a DSpark checkpoint (`--dspark`, default MODEL_DIR/demo-target-dspark; `manage.py
+train_dspark` or the demo build's last phase writes it); absent otherwise.
 """
 
 from __future__ import annotations
@@ -170,11 +175,31 @@ def shape_name(pair: str, shape: str, budget: int, temperature: float) -> str:
     return f"{pair}_{shape}{budget}_{mode_name(temperature)}"
 
 
-def build_methods(args, target, draft, eos, weak_draft=None) -> list[Method]:
+def load_dspark_checkpoint(args: argparse.Namespace, target):
+    """The demo target's DSpark drafter, or None (with a note) when it has none."""
+    directory = Path(args.dspark or Path(args.model_dir) / "demo-target-dspark")
+    if not (directory / "config.json").is_file():
+        print(f"no DSpark checkpoint at {directory}: the dspark methods are skipped")
+        return None
+    from inference.engine.drafters.dspark import load_dspark
+
+    return load_dspark(directory, target)
+
+
+def dspark_vs_chain(by_name: dict[str, Method], temperature: float) -> float | None:
+    """DSpark's mean accepted length (bonus included) over the chain's at the same block."""
+    dspark, chain = by_name.get(f"dspark_{mode_name(temperature)}"), by_name.get(f"dspark_chain_{mode_name(temperature)}")
+    if dspark is None or chain is None or not chain.stats.steps:
+        return None
+    return dspark.stats.mean_accepted_length / chain.stats.mean_accepted_length
+
+
+def build_methods(args, target, draft, eos, weak_draft=None, dspark=None) -> list[Method]:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=eos)
 
     def ours(name: str, kind: str, pair_draft=draft, temperature: float = 0.0, **config) -> Method:
-        drafter = build_drafter(kind, target=target, draft=pair_draft, config=DraftConfig(**config))
+        drafter = build_drafter(kind, target=target, draft=pair_draft, config=DraftConfig(**config),
+                                dspark=dspark)
         method_generation = replace(generation, temperature=temperature)
         return Method(name, ours_runner(target, drafter, method_generation),
                       greedy=temperature == 0)
@@ -190,6 +215,11 @@ def build_methods(args, target, draft, eos, weak_draft=None) -> list[Method]:
              min_length=1, max_length=2 * args.gamma),
         ours("ours_ngram", "ngram", length=args.gamma),
     ]
+    if dspark is not None:
+        for temperature in (0.0, 1.0):
+            methods.append(ours(f"dspark_{mode_name(temperature)}", "dspark", temperature=temperature))
+            methods.append(ours(f"dspark_chain_{mode_name(temperature)}", "draft_model", temperature=temperature,
+                                length=dspark.block_size))
     pairs = [("demo", draft)] + ([("weak", weak_draft)] if weak_draft is not None else [])
     for pair, pair_draft in pairs:
         for temperature in args.temperatures:
@@ -273,6 +303,10 @@ def report(methods: list[Method], args) -> str:
     result += _ratio_key(by_name, "tree_over_chain_accept_len_t1", "demo", 16, 1.0, 0)
     result += _ratio_key(by_name, "tree_over_chain_tok_s_t1", "demo", 16, 1.0, 1)
     result += _ratio_key(by_name, "tree_over_chain_accept_len_weak_t1", "weak", 16, 1.0, 0)
+    for key, temperature in (("dspark_tau_over_chain", 0.0), ("dspark_tau_over_chain_t1", 1.0)):
+        ratio = dspark_vs_chain(by_name, temperature)
+        if ratio is not None:
+            result += f" {key}={ratio:.2f}"
     return result
 
 
@@ -311,6 +345,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (0: torch default); 1 is steadiest on a shared 2-core box")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dspark", help="DSpark checkpoint directory (default: MODEL_DIR/demo-target-dspark)")
     return parser.parse_args(argv)
 
 
@@ -324,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args, tokenizer)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     weak_draft = load_weak_draft(args, draft) if args.weak_steps else None
-    methods = build_methods(args, target, draft, tokenizer.eos_token_id, weak_draft)
+    dspark = load_dspark_checkpoint(args, target)
+    methods = build_methods(args, target, draft, tokenizer.eos_token_id, weak_draft, dspark)
     print(f"device={args.device} threads={torch.get_num_threads()} prompts={len(prompts)} "
           f"max_new_tokens={args.max_new_tokens} gamma={args.gamma} node_budget={args.node_budget} "
           f"budgets={args.budgets} temperatures={args.temperatures} tree_width={args.tree_width} "

@@ -19,7 +19,8 @@ RESULT = re.compile(r"^RESULT greedy_identical=(true|false) speedup_vs_baseline=
                     r"speedup_vs_hf_assisted=[\d.]+ tree_over_chain_accept_len=[\d.]+ "
                     r"acceptance=[\d.]+"
                     r"( tree_over_chain_accept_len_t1=[\d.]+ tree_over_chain_tok_s_t1=[\d.]+)?"
-                    r"( tree_over_chain_accept_len_weak_t1=[\d.]+)?$")
+                    r"( tree_over_chain_accept_len_weak_t1=[\d.]+)?"
+                    r"( dspark_tau_over_chain=[\d.]+ dspark_tau_over_chain_t1=[\d.]+)?$")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,22 @@ def test_bench_prints_a_result_line_and_identical_greedy_outputs(bench, tiny_mod
     assert RESULT.match(lines[-1]), lines[-1]
     assert "greedy_identical=true" in lines[-1]
     assert any(line.startswith("hf_assisted") for line in lines)
+
+
+def test_bench_compares_dspark_with_the_chain_at_its_block_when_the_target_has_one(bench, tiny_model_dir,
+                                                                                    tmp_path, capsys):
+    from inference.engine.models.loading import load_causal_lm
+    from tests.inference.engine.dspark_models import write_deepspec_checkpoint
+
+    target = load_causal_lm(tiny_model_dir / "demo-target").model
+    checkpoint = write_deepspec_checkpoint(tmp_path / "dspark", target, target_layer_ids=(-1, 0), block_size=3)
+    assert bench.main(["--model-dir", str(tiny_model_dir), "--prompts", "2", "--repeats", "1",
+                       "--max-new-tokens", "10", "--threads", "1", "--temperatures", "0", "--budgets", "8",
+                       "--weak-steps", "0", "--dspark", str(checkpoint)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert RESULT.match(lines[-1]), lines[-1]
+    assert "greedy_identical=true" in lines[-1] and " dspark_tau_over_chain_t1=" in lines[-1]
+    assert any(line.startswith("dspark_greedy") for line in lines)
 
 
 def test_bench_measures_tree_against_chain_on_a_weak_draft_it_builds(bench, tiny_model_dir, capsys):
