@@ -17,6 +17,14 @@ class GenerationStats:
     Two acceptance figures: acceptance_rate = accepted / drafted (what share of the drafted
     tokens were kept), and per_token_acceptance, the alpha of the formula above: the chance
     that a drafted position the target reached is accepted, accepted / (accepted + rejections).
+
+    Confidence-scheduled verification (batch/confidence_schedule.py) adds, over the steps whose
+    verification length the scheduler chose: verified_lengths[L], steps that verified L draft
+    positions (0: the draft did not pay and none was verified); expected_accepted, the sum of
+    the survival estimates of the verified positions, against scheduled_accepted, the positions
+    those steps really accepted (survival_calibration = realised / expected: 1 when the
+    estimates are calibrated, below 1 when they promise too much); cut_tokens, drafted nodes
+    the scheduler left unverified.
     """
 
     prompt_tokens: int = 0
@@ -31,6 +39,28 @@ class GenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
+    verified_lengths: list[int] = field(default_factory=list)
+    scheduled_steps: int = 0
+    expected_accepted: float = 0.0
+    scheduled_accepted: int = 0
+    cut_tokens: int = 0
+
+    def record_schedule(self, length: int, expected: float, accepted: int, cut: int) -> None:
+        """Count one step whose verification length the scheduler chose: `length` positions
+        verified, `expected` their summed survival estimates, `accepted` of them kept, `cut`
+        drafted nodes left unverified."""
+        self.scheduled_steps += 1
+        self.expected_accepted += expected
+        self.scheduled_accepted += accepted
+        self.cut_tokens += cut
+        if length >= len(self.verified_lengths):
+            self.verified_lengths.extend([0] * (length + 1 - len(self.verified_lengths)))
+        self.verified_lengths[length] += 1
+
+    @property
+    def survival_calibration(self) -> float:
+        """Accepted over expected in scheduled steps (1.0: calibrated estimates; 0 when none)."""
+        return self.scheduled_accepted / self.expected_accepted if self.expected_accepted > 0 else 0.0
 
     def record_step(self, drafted: int, depth: int, accepted: int) -> None:
         """Count one verification step whose draft had `drafted` nodes reaching `depth`."""
@@ -73,10 +103,12 @@ class GenerationStats:
     def merge(self, other: GenerationStats) -> None:
         """Add another generation's counters (the bench sums over prompts)."""
         for name in ("prompt_tokens", "new_tokens", "steps", "drafted", "accepted", "rejections",
-                     "draft_seconds", "verify_seconds", "total_seconds"):
+                     "draft_seconds", "verify_seconds", "total_seconds", "scheduled_steps",
+                     "expected_accepted", "scheduled_accepted", "cut_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_per_position, other.drafted_per_position),
-                             (self.accepted_per_position, other.accepted_per_position)):
+                             (self.accepted_per_position, other.accepted_per_position),
+                             (self.verified_lengths, other.verified_lengths)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for position, count in enumerate(theirs):
                 mine[position] += count
@@ -90,5 +122,6 @@ class GenerationStats:
             mean_accepted_length=self.mean_accepted_length,
             acceptance_per_position=self.acceptance_per_position,
             tokens_per_second=self.tokens_per_second,
+            survival_calibration=self.survival_calibration,
         )
         return data

@@ -7,7 +7,10 @@
 * ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards;
 * ``verification``: every row verified in one target forward;
 * ``prefill``: the prefill lane (a newcomer's prompt in forwards of its own) and the modes;
-* ``policy``: how deep to speculate each step, from measured costs and acceptance.
+* ``policy``: how deep to speculate each step, from measured costs and acceptance;
+* ``scheduling``: confidence-scheduled verification in the step (plan the drafts, cut each
+  row's to its own length, learn), from ``confidence_schedule`` (the prefix scheduler) and
+  ``survival`` (per-position survival estimates per drafter).
 """
 
 from inference.engine.batch.engine import BatchedSpeculativeEngine

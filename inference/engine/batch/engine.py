@@ -4,13 +4,18 @@
 1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
    or cancelled; in the separate prefill mode (a CPU's default, prefill.py) feeds the
    newcomers' prompts in a forward of their own and moves those done into the batch;
-2. asks the speculation policy how deep to draft (0 when speculation would cost throughput;
-   its cost models start from a table of forwards profiled when the engine is built,
-   profiling.py, so the first request's steps draft where drafting pays);
+2. plans how deep to draft: with confidence scheduling (the policy's default, scheduling.py)
+   each row as deep as a position can pay for itself; otherwise one depth for every row from
+   the speculation policy (0 when speculation would cost throughput). The cost models start
+   from a table of forwards profiled when the engine is built (profiling.py), so the first
+   request's steps draft where drafting pays;
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
    over the draft's KV cache, chain_drafting.py); `tree`, `ngram` and `suffix` rows draft with
    their own drafters;
-4. verifies every row in ONE target forward over a ragged cache (see kv/ragged.py): a row
+4. with confidence scheduling, cuts each row's draft to the verification length the prefix
+   scheduler admits from the rows' survival estimates (confidence_schedule.py, survival.py;
+   a row that would not pay verifies none), then
+   verifies every row in ONE target forward over a ragged cache (see kv/ragged.py): a row
    feeds its pending token plus its draft tree; in the shared prefill mode (a GPU's default) a
    newcomer feeds the next chunk of its prompt in that forward. Either way a newcomer takes at
    most `prefill_chunk` prompt tokens a step beside decoding rows, so a long prompt never
@@ -42,6 +47,7 @@ from inference.engine.batch.chain_drafting import ChainDrafting
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
 from inference.engine.batch.profiling import profile_step_costs
+from inference.engine.batch.scheduling import ConfidenceScheduling
 from inference.engine.batch.rows import (
     FINISH_CANCELLED,
     FINISH_TIMEOUT,
@@ -69,7 +75,7 @@ from inference.engine.outputs import GenerationResult, StepOutput
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
-class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
+class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -126,6 +132,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
+        self._init_scheduling()
         self.tree_calibrations = TreeCalibrations()  # what tree drafters learn, kept across requests
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
@@ -261,6 +268,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
         with torch.inference_mode():
             depth = self._choose_depth()
             trees, draft_seconds = self._draft(depth)
+            if self.scheduling:
+                trees = self._schedule(trees, time.perf_counter() - step_started)
+                depth = max((tree.max_depth for tree in trees), default=0)
             results = self._verify(trees)
         step_seconds = time.perf_counter() - step_started
         self.last_step_timing = StepTiming(started_ns, draft_seconds, step_seconds - draft_seconds,
@@ -273,6 +283,10 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
         return events
 
     def _choose_depth(self) -> int:
+        for row in self.rows:
+            row.scheduled_expected, row.scheduled_cut = None, 0
+        if self.scheduling:
+            return self._plan_draft_depths()
         outlooks = []
         others = 0
         width = 1
@@ -307,6 +321,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
             # its last prompt chunk: a draft on top would widen the forward past the decoding
             # rows' (every row is padded to the widest), and the step yields its token anyway
             return 0
+        if self.scheduling:
+            return self._scheduled_depth(row)
         return max(0, min(policy_depth, self._depth_cap(row)))
 
     # -- drafting -------------------------------------------------------------------------
@@ -322,7 +338,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
             wanted = {id(row): depth for row, depth in zip(self.rows, depths)}
             trees.update(self._draft_chains(wanted))
         for row, depth in zip(self.rows, depths):
-            row.depth_choices[depth] = row.depth_choices.get(depth, 0) + 1
+            if id(row) not in self._scheduled_ids or not self.scheduling:
+                # a scheduled row's choice is the length verified (scheduling.py)
+                row.depth_choices[depth] = row.depth_choices.get(depth, 0) + 1
             if id(row) in trees or row.drafter is None or depth == 0:
                 continue
             row_started = time.perf_counter()
@@ -343,9 +361,10 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane):
         costs = self.policy.target_costs if kind == "target" else self.policy.draft_costs
         costs.observe(rows, tokens, seconds)
 
-    def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0) -> RowEvent:
+    def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0,
+               verified_depth: int | None = None, expected_accepted: float | None = None) -> RowEvent:
         return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
-                        row.depth_choices, prefill_tokens)
+                        row.depth_choices, prefill_tokens, verified_depth, expected_accepted)
 
     def _leave(self, rows: Iterable[BatchRow]) -> None:
         leaving = {id(row) for row in rows}

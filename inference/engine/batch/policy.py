@@ -203,6 +203,11 @@ class PolicyDecision:
 class SpeculationPolicy:
     """Chooses the draft depth of each batch step; `enabled=False` always drafts `max_depth`.
 
+    With `confidence_scheduling` (the default) the engine asks `decide` nothing: rows draft as
+    deep as worth drafting and a scheduler cuts each row's draft to its own verification length
+    (batch/scheduling.py); this class then supplies the cost models, the acceptance trackers
+    and the exploration counter (`explore_now`, `record_verified`).
+
     explore_after: after this many depth-0 decisions in a row where a row could have drafted,
     the next one drafts the best positive depth instead (None: never), so the draft's cost and
     acceptance are measured again; each exploration that does not turn the policy round doubles
@@ -215,10 +220,14 @@ class SpeculationPolicy:
 
     EXPLORE_MAX = 64
 
-    def __init__(self, max_depth: int = 8, enabled: bool = True, explore_after: int | None = 4) -> None:
+    def __init__(self, max_depth: int = 8, enabled: bool = True, explore_after: int | None = 4,
+                 confidence_scheduling: bool = True) -> None:
         self.max_depth = max_depth
         self.enabled = enabled
         self.explore_after = explore_after
+        # per-row verification lengths from survival estimates (batch/scheduling.py) instead of
+        # one depth per step from `decide`; only while `enabled`
+        self.confidence_scheduling = confidence_scheduling
         self._undrafted = 0  # depth-0 decisions in a row since the last draft
         self._explore_wait = explore_after  # depth-0 decisions before the next exploration
         self.target_costs = ForwardCostModel()
@@ -296,6 +305,30 @@ class SpeculationPolicy:
             return best
         self._undrafted, self._explore_wait = 0, min(2 * self._explore_wait, self.EXPLORE_MAX)
         return replace(best_drafting, explored=True)
+
+    def forward_seconds(self, rows: int, tokens: float) -> float:
+        """Estimated seconds of a verify forward of `rows` x `tokens` with the step's overhead
+        beyond its forwards (what a step of that width costs but its drafting)."""
+        seconds = self.target_costs.estimate(rows, tokens)
+        if self.step_overheads.observations:
+            seconds += self.step_overheads.estimate(rows, tokens)
+        return seconds
+
+    def explore_now(self) -> bool:
+        """Under confidence scheduling: whether this step drafts and verifies regardless of the
+        estimates, after `explore_after` (doubling up to EXPLORE_MAX) steps in a row that could
+        have verified a draft and verified none (the same re-measure as `decide`'s)."""
+        if self._explore_wait is None or self._undrafted < self._explore_wait:
+            return False
+        self._undrafted, self._explore_wait = 0, min(2 * self._explore_wait, self.EXPLORE_MAX)
+        return True
+
+    def record_verified(self, verified: bool, could: bool) -> None:
+        """A scheduled step verified a draft (resets the exploration wait), or could have and did not."""
+        if verified:
+            self._undrafted, self._explore_wait = 0, self.explore_after
+        elif could:
+            self._undrafted += 1
 
     def choose_drafter(self, available: list[str], rows: int, depth: int = 4,
                        sampled: bool = False, node_budget: int = 8) -> str:

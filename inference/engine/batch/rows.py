@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -65,6 +65,11 @@ class RowEvent:
     depth_choices: dict[int, int] = field(default_factory=dict)
     # prompt (and resumed) tokens the row fed the target in this step: it was prefilling
     prefill_tokens: int = 0
+    # when the confidence scheduler chose this step's verification length (else None): the
+    # draft depth verified, and the sum of the verified positions' survival estimates (the
+    # accepted drafts it expected; step.accepted is what the target kept)
+    verified_depth: int | None = None
+    expected_accepted: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -128,6 +133,16 @@ class BatchRow:
         self.started = time.perf_counter()
         self.depth_choices: dict[int, int] = {}
         self.fed_prompt = 0  # prompt tokens fed in the current step
+        # confidence scheduling (batch/scheduling.py), reset every step: a draft_model chain
+        # stops once its running survival estimate would fall under `survival_floor`
+        # (`confidence_of` maps a position's top draft probability to its calibrated confidence)
+        self.survival_floor = 0.0
+        self.confidence_of: Callable[[float], float] | None = None
+        self.draft_survival = 1.0
+        # this step's schedule: the survival estimates summed over the verified positions, and
+        # the drafted nodes cut (None: the scheduler did not choose this row's length)
+        self.scheduled_expected: float | None = None
+        self.scheduled_cut = 0
 
     @property
     def prefilling(self) -> bool:
@@ -163,14 +178,33 @@ class BatchRow:
             best, token_tensor = log_q.max(dim=-1)
             if threshold and position > 0 and float(best) < math.log(threshold):
                 return None
+            if not self._survives(math.exp(float(best)), position):
+                return None
             token = int(token_tensor)
             log_probs.append(float(best))
         else:
             q = warp_probs(logits[None], self.sampling)[0]
             if threshold and position > 0 and float(q.max()) < threshold:
                 return None
+            if not self._survives(float(q.max()), position):
+                return None
             token = int(torch.multinomial(q, 1, generator=self.generator))
             log_probs.append(float(q[token].log()))
             rows_q.append(q)
         tokens.append(token)
         return token
+
+    def _survives(self, top_probability: float, position: int) -> bool:
+        """Whether the chain goes on to `position`: its running survival estimate, from the top
+        probability of the distribution the token is about to be drawn from (never the drawn
+        token's own: the decision must not look at it), stays at or over `survival_floor`. The
+        first position always survives: its logits come from the forward that syncs the row."""
+        if self.confidence_of is None:
+            return True
+        if position == 0:
+            self.draft_survival = 1.0
+        survival = self.draft_survival * self.confidence_of(top_probability)
+        if position > 0 and survival < self.survival_floor:
+            return False
+        self.draft_survival = survival
+        return True

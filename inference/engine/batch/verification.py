@@ -99,6 +99,7 @@ class RowVerification:
             row.schedule.update(tree.max_depth, accepted)
             self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
                                            sampled=row.sampling is not None)
+        self._observe_schedule(row, tree, accepted)
         stats = row.stats
         stats.record_step(len(tree), tree.max_depth, accepted)
         stats.new_tokens = len(row.generated)
@@ -109,4 +110,7 @@ class RowVerification:
             if result.accepted_nodes else False
         step = StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
                           finish_reason)
-        return self._event(row, step, bonus, prefill_tokens=row.fed_prompt)
+        scheduled = row.scheduled_expected is not None
+        return self._event(row, step, bonus, prefill_tokens=row.fed_prompt,
+                           verified_depth=tree.max_depth if scheduled else None,
+                           expected_accepted=row.scheduled_expected)

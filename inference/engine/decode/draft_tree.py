@@ -9,6 +9,14 @@ Semantics of `draft_probs`, which the verifier relies on to stay lossless:
   top-k drafting). The sampling verifier then treats each proposal as a point mass.
 - a tensor: the children of one node were drawn one after another *without replacement* from
   that node's row (all siblings carry the same row), in index order.
+
+Semantics of `survival` (optional, a drafter's own confidences, e.g. DSpark's confidence head):
+node i's estimated probability that the target accepts it and all its ancestors. The batched
+engine's scheduler (batch/confidence_schedule.py) decides from it whether to verify the node,
+so it must not depend on node i's own token, only on its ancestors' (a node's value known
+before its token is drawn): a decision that looks at the token it is about to verify biases
+the rejection rule (the DSpark paper's Appendix A). From per-position conditional confidences
+c_1..c_k of a chain, survival is their running product (`survival_from_confidences`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class DraftTree:
     log_probs: list[float]
     # [num_nodes, vocab_size] distribution each node's token was drawn from, or None
     draft_probs: torch.Tensor | None = None
+    # per node: estimated P(the node and its ancestors are all accepted), or None (module docstring)
+    survival: list[float] | None = None
     depths: list[int] = field(init=False)
     children: list[list[int]] = field(init=False, repr=False)
 
@@ -35,6 +45,8 @@ class DraftTree:
         count = len(self.token_ids)
         if len(self.parent_ids) != count or len(self.log_probs) != count:
             raise ValueError("token_ids, parent_ids and log_probs must have one entry per node")
+        if self.survival is not None and len(self.survival) != count:
+            raise ValueError("survival must have one entry per node")
         depths: list[int] = []
         # children[0] lists the roots (children of the last context token); children[i + 1]
         # lists the children of node i.
@@ -58,11 +70,13 @@ class DraftTree:
         log_probs: list[float] | None = None,
         # [num_nodes, vocab_size]
         draft_probs: torch.Tensor | None = None,
+        survival: list[float] | None = None,
     ) -> DraftTree:
         """A single branch: node i continues node i - 1."""
         count = len(token_ids)
         return cls(list(token_ids), list(range(-1, count - 1)),
-                   list(log_probs) if log_probs is not None else [0.0] * count, draft_probs)
+                   list(log_probs) if log_probs is not None else [0.0] * count, draft_probs,
+                   list(survival) if survival is not None else None)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -74,6 +88,28 @@ class DraftTree:
     @property
     def max_depth(self) -> int:
         return max(self.depths, default=0)
+
+    def nodes_up_to(self, depth: int) -> int:
+        """How many nodes lie at depth `depth` or shallower (what a prefix of that depth feeds)."""
+        return sum(1 for node_depth in self.depths if node_depth <= depth)
+
+    def prefix(self, depth: int) -> DraftTree:
+        """The tree cut to its nodes of depth <= `depth` (a chain: its first `depth` tokens).
+
+        Parents come first and a parent is shallower than its child, so the kept nodes keep
+        their order and every kept node's parent is kept: indices shift, the structure does
+        not. Siblings stay together (a level is kept whole), as the rejection rule needs.
+        """
+        if depth >= self.max_depth:
+            return self
+        kept = [node for node in range(len(self)) if self.depths[node] <= depth]
+        index = {node: position for position, node in enumerate(kept)}
+        probs = self.draft_probs[kept] if self.draft_probs is not None and kept else None
+        return DraftTree([self.token_ids[node] for node in kept],
+                         [index[self.parent_ids[node]] if self.parent_ids[node] >= 0 else -1
+                          for node in kept],
+                         [self.log_probs[node] for node in kept], probs,
+                         [self.survival[node] for node in kept] if self.survival is not None else None)
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root down to `node`, inclusive."""
@@ -94,6 +130,16 @@ class DraftTree:
             if parent >= 0:
                 rows[node] |= rows[parent]
         return rows
+
+
+def survival_from_confidences(confidences: list[float]) -> list[float]:
+    """A chain's per-node survival from conditional confidences c_k = P(k accepted | all before
+    were): the running product (DSpark's a_k = prod_{i<=k} c_i), clipped to [0, 1]."""
+    survival, running = [], 1.0
+    for confidence in confidences:
+        running *= min(1.0, max(0.0, float(confidence)))
+        survival.append(running)
+    return survival
 
 
 def tree_attention_mask(
