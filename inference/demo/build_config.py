@@ -2,6 +2,7 @@
 
 Apart from the builder (`inference.demo.builder`), which runs the phases, so the presets (the
 default pair, `quick()` for tests, `starter()` for a first `make run`) read on their own.
+`DSparkBuildConfig` is the last phase's: the target's DSpark drafter, trained after the pair.
 """
 
 from __future__ import annotations
@@ -14,6 +15,39 @@ from inference.demo.model_files import ModelShape
 from inference.demo.training import OptimConfig
 
 BUILD_RECIPE_VERSION = 1
+DSPARK_RECIPE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DSparkBuildConfig:
+    """The DSpark phase: the demo target's DSpark drafter, trained on the target's own text.
+
+    Its hash (with the pair's) is recorded in the drafter's directory, so the phase reruns only
+    when either changes; it is not part of the pair's hash, so adding or retuning it never
+    retrains a finished pair. Sized for ~10 minutes on the 2-core CPU: the target writes
+    `sequences` continuations of corpus prompts (half greedy, half sampled at T = 1: the
+    contexts greedy and sampled requests produce), and `heldout_sequences` greedy ones of
+    held-out files for the figures and the calibration; then `budget_s` seconds of training.
+    """
+
+    budget_s: float = 480.0
+    block_size: int = 7
+    layers: int = 1
+    markov_rank: int = 32
+    sequences: int = 192
+    heldout_sequences: int = 16
+    prompt_tokens: int = 32
+    new_tokens: int = 160
+    sampled_fraction: float = 0.5
+    corpus_chars: int = 400_000
+    batch_size: int = 4
+    anchors_per_sequence: int = 32
+    lr: float = 2e-3
+    seed: int = 0
+
+    def digest(self) -> str:
+        payload = json.dumps({"recipe": DSPARK_RECIPE_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -59,6 +93,8 @@ class DemoBuildConfig:
     # Fields added after the first recipe: hashed only when set, so finished builds stay valid.
     corpus_spread: bool = False  # take max_corpus_chars from files spread over the library
     target_budget_s: float | None = None  # stop training the target after this long (quick pair)
+    # The DSpark phase after the pair (None: skipped). Not in `digest()`: it has its own hash.
+    dspark: DSparkBuildConfig | None = DSparkBuildConfig()
 
     @classmethod
     def quick(cls, seed: int = 0) -> DemoBuildConfig:
@@ -83,6 +119,7 @@ class DemoBuildConfig:
             prompt_count=4,
             prompt_tokens=24,
             eval_new_tokens=16,
+            dspark=None,  # the quick pair needs no DSpark drafter (issue 25)
         )
 
     @classmethod
@@ -116,10 +153,13 @@ class DemoBuildConfig:
             prompt_count=4,
             prompt_tokens=32,
             eval_new_tokens=16,
+            dspark=None,
         )
 
     def digest(self) -> str:
+        """The pair's hash: every field that shapes the target and the draft (not `dspark`)."""
         fields = asdict(self)
+        del fields["dspark"]
         for name, default in _LATER_FIELDS.items():
             if fields[name] == default:
                 del fields[name]

@@ -5,6 +5,12 @@ draft from the target → save both with `save_pretrained` → load them back th
 `load_causal_lm` and estimate greedy acceptance on held-out prompts. Each phase checkpoints into
 `out_dir/.build/`; `build.json` marks a finished build with the hash of its configuration, so the
 same configuration is reused at once and a different one is rebuilt.
+
+Then, for a config with `dspark` (the full pair; the quick ones have none), the DSpark phase
+(dspark_phase.py): the target writes text and its DSpark drafter trains on it within a time
+budget, resumable, into `dspark_directory_for(target_dir)`. It has its own hash (the pair's and
+its own settings'), recorded in the drafter's directory and under `metrics["dspark"]` in
+`build.json`: a finished pair gains the phase without being retrained.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from inference.demo import corpus
 from inference.demo.build_config import DemoBuildConfig
+from inference.demo.dspark_phase import PHASES as DSPARK_PHASES
+from inference.demo.dspark_phase import build_dspark, dspark_directory_for, finished_report
 from inference.demo.model_files import (
     ModelShape,
     causal_lm_config,
@@ -50,12 +58,15 @@ from inference.engine.models.loading import load_causal_lm
 from inference.heldout_prompts import load_heldout_prompts, write_heldout_prompts
 
 __all__ = [
+    "DSPARK_PHASES",
     "PHASES",
     "BuildObserver",
     "DemoBuildConfig",
     "DemoBuildError",
     "DemoModels",
     "build_demo_models",
+    "build_dspark_phase",
+    "dspark_directory_for",
     "load_heldout_prompts",
 ]
 
@@ -89,10 +100,29 @@ class DemoModels:
     draft_dir: Path
     heldout_prompts_path: Path
     metrics: dict[str, Any] = field(default_factory=dict)
+    #: the target's DSpark drafter (DeepSpec's layout), when this build trained one
+    dspark_dir: Path | None = None
 
 
 def _outputs(root: Path, metrics: dict[str, Any]) -> DemoModels:
-    return DemoModels(root / TARGET_DIR, root / DRAFT_DIR, root / PROMPTS_FILE, metrics)
+    dspark = metrics.get("dspark")
+    return DemoModels(root / TARGET_DIR, root / DRAFT_DIR, root / PROMPTS_FILE, metrics,
+                      root / dspark["directory"] if dspark else None)
+
+
+def dspark_build_hash(config: DemoBuildConfig) -> str | None:
+    """What the DSpark drafter is built from: the pair's hash and the phase's; None without one."""
+    return None if config.dspark is None else f"{config.digest()}-{config.dspark.digest()}"
+
+
+def _dspark_current(root: Path, config: DemoBuildConfig, marker: dict[str, Any]) -> bool:
+    """Whether the finished build at `root` needs no DSpark phase (none asked, or done and recorded)."""
+    build_hash = dspark_build_hash(config)
+    if build_hash is None:
+        return True
+    recorded = (marker.get("metrics") or {}).get("dspark") or {}
+    return (recorded.get("build_hash") == build_hash
+            and finished_report(dspark_directory_for(root / TARGET_DIR), build_hash) is not None)
 
 
 def _finished(root: Path, config: DemoBuildConfig) -> dict[str, Any] | None:
@@ -287,6 +317,7 @@ def build_demo_models(
     cache_dir: Path | None = None,
     threads: int | None = None,
     observer: BuildObserver | None = None,
+    dspark: bool = True,
 ) -> DemoModels:
     """Build (or resume, or reuse) the demo pair under `out_dir`; see the module docstring.
 
@@ -294,29 +325,78 @@ def build_demo_models(
     next build of the same vocabulary; None trains it inside the build. `threads` caps torch's
     threads (None: every core this process may use); on a busy machine one thread is much
     faster than two that wait on each other. `observer` is told each phase and step.
+    `dspark=False` leaves out the DSpark phase (`build_dspark_phase` runs it later).
     """
     config = config or DemoBuildConfig()
     root = Path(out_dir)
     if root.exists() and not root.is_dir():
         raise DemoBuildError(f"output path {root} exists and is not a directory")
     marker = _finished(root, config)
-    if marker is not None:
+    if marker is not None and (not dspark or _dspark_current(root, config, marker)):
         return _outputs(root, marker.get("metrics", {}))
-    started = time.monotonic()
-    (root / MARKER).unlink(missing_ok=True)
+    observer = observer or _Silent()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     try:
-        metrics = _run_phases(root, config, progress, cache_dir, observer or _Silent())
+        if marker is None:
+            started = time.monotonic()
+            (root / MARKER).unlink(missing_ok=True)
+            metrics = _run_phases(root, config, progress, cache_dir, observer)
+            metrics["build_seconds"] = round(time.monotonic() - started, 1)
+            _write_marker(root, config, metrics)  # its presence means the pair is whole
+            shutil.rmtree(root / ".build")
+        else:
+            metrics = dict(marker.get("metrics", {}))
+        if dspark and config.dspark is not None:
+            metrics = _dspark_phase(root, config, metrics, observer)
     finally:
         torch.set_num_threads(previous_threads)
-    metrics["build_seconds"] = round(time.monotonic() - started, 1)
+    return _outputs(root, metrics)
+
+
+def build_dspark_phase(out_dir: str | os.PathLike[str], config: DemoBuildConfig | None = None,
+                       threads: int | None = None, observer: BuildObserver | None = None) -> DemoModels:
+    """Only the DSpark phase, on the finished pair at `out_dir` (for a job that registers the
+    pair before it trains the drafter: `build_demo_models(..., dspark=False)` first)."""
+    config = config or DemoBuildConfig()
+    root = Path(out_dir)
+    marker = _finished(root, config)
+    if marker is None:
+        raise DemoBuildError(f"{root}: no finished demo pair of this configuration to train a DSpark drafter for")
+    if config.dspark is None or _dspark_current(root, config, marker):
+        return _outputs(root, marker.get("metrics", {}))
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
+    try:
+        metrics = _dspark_phase(root, config, dict(marker.get("metrics", {})), observer or _Silent())
+    finally:
+        torch.set_num_threads(previous_threads)
+    return _outputs(root, metrics)
+
+
+def _dspark_phase(root: Path, config: DemoBuildConfig, metrics: dict[str, Any],
+                  observer: BuildObserver) -> dict[str, Any]:
+    """Train (resume, reuse) the target's DSpark drafter; record it in the marker's metrics."""
+    started = time.monotonic()
+    build_hash = dspark_build_hash(config)
+    report = build_dspark(root / TARGET_DIR, config.dspark, build_hash=build_hash, observer=observer)
+    directory = dspark_directory_for(root / TARGET_DIR)
+    metrics["dspark"] = {
+        "directory": directory.name, "build_hash": build_hash,  # relative: the root may move
+        "phase_seconds": round(time.monotonic() - started, 1),
+        **{key: report.get(key) for key in ("steps", "train_seconds", "train_sequences", "heldout_sequences",
+                                            "block_size", "target_layer_ids", "final_losses", "initial",
+                                            "final", "temperatures", "ece_uncalibrated", "ece_calibrated")},
+    }
+    _write_marker(root, config, metrics)
+    return metrics
+
+
+def _write_marker(root: Path, config: DemoBuildConfig, metrics: dict[str, Any]) -> None:
     record = {"config_hash": config.digest(), "config": asdict(config), "metrics": metrics}
     staging = root / f".{MARKER}.tmp"
     staging.write_text(json.dumps(record, indent=2, sort_keys=True))
-    os.replace(staging, root / MARKER)  # written last: its presence means the build is whole
-    shutil.rmtree(root / ".build")
-    return _outputs(root, metrics)
+    os.replace(staging, root / MARKER)
 
 
 def _replace_dir(source: Path, destination: Path) -> None:

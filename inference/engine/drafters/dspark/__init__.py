@@ -4,7 +4,9 @@
 - modeling.py: the backbone, the Markov head and the confidence head (DeepSpec's parameter names);
 - checkpoint.py: load and save a checkpoint directory in DeepSpec's layout;
 - drafter.py: the `dspark` drafter the decoders run;
-- training.py: training on a frozen target, confidence calibration.
+- training.py: training on a frozen target within a time budget, resumable, and its report;
+  training_forward.py: the many-blocks training forward and the loss; calibration.py: the
+  confidence head's per-position temperatures; sequences.py: the target's own text to train on.
 """
 
 from inference.engine.drafters.dspark.checkpoint import DSparkLoadError, load_dspark, save_dspark

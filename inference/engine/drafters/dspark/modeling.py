@@ -193,6 +193,21 @@ class DSparkModel(nn.Module):
             hidden = layer(hidden, cos, sin, key, value, mask)
         return self.norm(hidden)
 
+    def hidden_at(self, token_ids: torch.Tensor, positions: torch.Tensor,
+                  context_key: list[torch.Tensor], context_value: list[torch.Tensor],
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The backbone over tokens [batch, tokens] at explicit `positions` [batch, tokens].
+
+        The training forward (training_forward.py) puts many blocks of one sequence in one call,
+        each at its own anchor's positions, and keeps them apart with `mask`; `block_hidden` is
+        the one-block-per-row case the drafter runs.
+        """
+        hidden = self.embed_tokens(token_ids)
+        cos, sin = self._rope(hidden, positions)
+        for layer, key, value in zip(self.layers, context_key, context_value):
+            hidden = layer(hidden, cos, sin, key, value, mask)
+        return self.norm(hidden)
+
     def markov_logits(self, base: torch.Tensor, previous: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Base logits plus the transition bias from the previous token (any leading shape)."""
         if self.markov_head is None:
