@@ -28,20 +28,22 @@ class DSparkBuildConfig:
     `sequences` continuations of corpus prompts (half greedy, half sampled at T = 1: the
     contexts greedy and sampled requests produce), and `heldout_sequences` greedy ones of
     held-out files for the figures and the calibration; then `budget_s` seconds of training.
+    Measured on the default target (20 x 192), one thread on a busy machine: the text ~70 s,
+    a step (4 sequences x 64 anchor blocks) ~0.9 s, 55 % of it the frozen target's forward.
     """
 
     budget_s: float = 480.0
     block_size: int = 7
     layers: int = 1
     markov_rank: int = 32
-    sequences: int = 192
+    sequences: int = 256
     heldout_sequences: int = 16
     prompt_tokens: int = 32
     new_tokens: int = 160
     sampled_fraction: float = 0.5
     corpus_chars: int = 400_000
     batch_size: int = 4
-    anchors_per_sequence: int = 32
+    anchors_per_sequence: int = 64
     lr: float = 2e-3
     seed: int = 0
 

@@ -430,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {key: models.metrics.get(key) for key in
                ("acceptance", "token_match", "draft_target_cost_ratio", "build_seconds")}
     print(f"target={models.target_dir} draft={models.draft_dir} "
-          f"prompts={models.heldout_prompts_path} {json.dumps(summary)}")
+          f"prompts={models.heldout_prompts_path} dspark={models.dspark_dir} {json.dumps(summary)}")
     return 0
 
 

@@ -44,6 +44,7 @@ from inference.engine.drafters.dspark.training_forward import (
     sample_anchors,
     target_pass,
 )
+from inference.engine.models.features import decoder_layers
 
 REPORT_FILE = "training_report.json"
 STATE_FILE = "state.pt"
@@ -89,6 +90,7 @@ def draft_config(target: PreTrainedModel, *, block_size: int = 7, layers: int = 
     The backbone takes the target's width, heads, MLP size and RoPE; `mask_token_id` defaults to
     the target's pad token, else its last id (the embedding is frozen: no new token can be added).
     """
+    decoder_layers(target)  # ValueError now, for a family whose hidden states cannot be tapped
     text = target.config.get_text_config(decoder=True)
     vocab = int(target.get_input_embeddings().weight.shape[0])
     layer_ids = list(target_layer_ids if target_layer_ids is not None
@@ -99,10 +101,14 @@ def draft_config(target: PreTrainedModel, *, block_size: int = 7, layers: int = 
     raw = text.to_dict()
     for key in ("torch_dtype", "dtype", "auto_map", "transformers_version", "_name_or_path"):
         raw.pop(key, None)
+    hidden, heads = int(text.hidden_size), int(text.num_attention_heads)  # GPT-2's names map to these
     raw.update(
-        architectures=[ARCHITECTURE], model_type="qwen3", vocab_size=vocab,
-        head_dim=getattr(text, "head_dim", None) or int(text.hidden_size) // int(text.num_attention_heads),
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or int(text.num_attention_heads),
+        architectures=[ARCHITECTURE], model_type="qwen3", vocab_size=vocab, hidden_size=hidden,
+        num_attention_heads=heads, head_dim=getattr(text, "head_dim", None) or hidden // heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        intermediate_size=getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden,
+        rms_norm_eps=getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_epsilon", None) or 1e-6,
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", None) or 4096),
         num_target_layers=int(text.num_hidden_layers), num_hidden_layers=layers,
         layer_types=["full_attention"] * layers, block_size=block_size, mask_token_id=mask_token_id,
         target_layer_ids=layer_ids, enable_confidence_head=True,
