@@ -241,8 +241,7 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
         rows, held = rows[:-keep], rows[-keep:]
     else:
         held = _as_rows(heldout)
-    target.eval()
-    target.requires_grad_(False)
+    target.eval()  # frozen: its forwards run under no_grad (training_forward.target_pass)
     config = draft_config(target, block_size=block_size, layers=layers,
                           target_layer_ids=target_layer_ids, markov_rank=markov_rank)
     model = init_from_target(target, config, seed)
