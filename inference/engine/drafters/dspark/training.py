@@ -222,7 +222,7 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
                  budget_s: float = 600.0, resume: bool = True, progress: ProgressCallback | None = None,
                  heldout: torch.Tensor | Sequence[Sequence[int]] | None = None, max_steps: int | None = None,
                  batch_size: int = 4, anchors_per_sequence: int = 32, lr: float = 2e-3, warmup_steps: int = 10,
-                 checkpoint_every_s: float = 30.0, seed: int = 0,
+                 checkpoint_every_s: float = 30.0, seed: int = 0, steps_per_pass: int = 2,
                  report_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train, calibrate and save a DSpark drafter for the frozen `target`; return a report.
 
@@ -230,6 +230,7 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
     figures and the calibration (default: the last tenth of `sequences`, kept out of training).
     Training stops when `budget_s` seconds of training are spent (over every resumed run) or
     after `max_steps`. `resume=False` discards the saved state of an earlier run.
+    Each batch's target forward serves `steps_per_pass` steps, on fresh anchors each.
     `report_extra` is merged into the report (and its `training_report.json`).
     """
     out_dir = Path(out_dir)
@@ -248,7 +249,8 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     signature = {"config": config.to_dict(), "data": _fingerprint(rows, held), "seed": seed,
-                 "batch_size": batch_size, "anchors": anchors_per_sequence, "lr": lr}
+                 "batch_size": batch_size, "anchors": anchors_per_sequence, "lr": lr,
+                 "steps_per_pass": steps_per_pass}
     work = work_directory(out_dir)
     state_path = work / STATE_FILE
     if not resume:
@@ -268,13 +270,19 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
     model.train()
     tell(TrainingProgress("train", step, elapsed, budget_s))
     generator_seed = seed * 1_000_003
+    cached: tuple[int, torch.Tensor, Any] | None = None  # (pass index, tokens, TargetPass)
     saved_at = time.monotonic()
     while elapsed < budget_s and (max_steps is None or step < max_steps):
         began = time.monotonic()
+        # the frozen target's forward is over half a step's cost: `steps_per_pass` steps share one
+        # batch and its pass, each on its own anchors (a pure function of the step: resumable)
+        pass_index = step // steps_per_pass
+        if cached is None or cached[0] != pass_index:
+            batch_generator = torch.Generator().manual_seed(generator_seed + 7 * pass_index + 1)
+            picked = torch.randint(0, rows.shape[0], (min(batch_size, rows.shape[0]),), generator=batch_generator)
+            cached = (pass_index, rows[picked], target_pass(target, rows[picked], config.target_layer_ids))
+        _, tokens, passed = cached
         generator = torch.Generator().manual_seed(generator_seed + step)
-        picked = torch.randint(0, rows.shape[0], (min(batch_size, rows.shape[0]),), generator=generator)
-        tokens = rows[picked]
-        passed = target_pass(target, tokens, config.target_layer_ids)
         anchors = sample_anchors(tokens.shape[0], tokens.shape[1], anchors_per_sequence, generator)
         fraction = max(elapsed / budget_s if budget_s > 0 else 1.0,
                        step / max_steps if max_steps else 0.0)
