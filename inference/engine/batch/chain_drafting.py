@@ -4,7 +4,8 @@ A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the 
 cache (`draft_cache`, row i is `draft_rows[i]`), the step's prompt chunk, the vocabulary widths
 and the policy that is told each forward's cost. Each draft forward feeds every row that still
 drafts one token (the first one also brings the row's draft cache up to its context), so
-rows that stop early (a confidence threshold, their depth) leave the others going.
+rows that stop early (a confidence threshold, their depth, or, under confidence scheduling,
+a next position not worth its share of a forward: `_extend_chains`) leave the others going.
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ class ChainDrafting:
                 if token is None or len(tokens[index]) >= wanted[id(row)]:
                     continue
                 feed[index] = token
-            open_rows = list(feed)
+            # which chains are worth one more shared draft forward (scheduling.py)
+            open_rows = self._extend_chains([self.draft_rows[index] for index in feed], list(feed))
             if not open_rows:
                 break
+            feed = {index: feed[index] for index in open_rows}
             step_inputs = [RowInput([], []) for _ in self.draft_rows]
             for index, token in feed.items():
                 row = self.draft_rows[index]

@@ -133,12 +133,12 @@ class BatchRow:
         self.started = time.perf_counter()
         self.depth_choices: dict[int, int] = {}
         self.fed_prompt = 0  # prompt tokens fed in the current step
-        # confidence scheduling (batch/scheduling.py), reset every step: a draft_model chain
-        # stops once its running survival estimate would fall under `survival_floor`
-        # (`confidence_of` maps a position's top draft probability to its calibrated confidence)
-        self.survival_floor = 0.0
+        # confidence scheduling (batch/scheduling.py), set every step: a draft_model chain's
+        # running survival estimate as it drafts (`confidence_of` maps a position's top draft
+        # probability to its calibrated confidence), which decides whether it drafts on
         self.confidence_of: Callable[[float], float] | None = None
         self.draft_survival = 1.0
+        self.last_confidence = 1.0  # the calibrated confidence of the last position drafted
         # this step's schedule: the survival estimates summed over the verified positions, and
         # the drafted nodes cut (None: the scheduler did not choose this row's length)
         self.scheduled_expected: float | None = None
@@ -178,33 +178,27 @@ class BatchRow:
             best, token_tensor = log_q.max(dim=-1)
             if threshold and position > 0 and float(best) < math.log(threshold):
                 return None
-            if not self._survives(math.exp(float(best)), position):
-                return None
+            self._track_survival(math.exp(float(best)), position)
             token = int(token_tensor)
             log_probs.append(float(best))
         else:
             q = warp_probs(logits[None], self.sampling)[0]
             if threshold and position > 0 and float(q.max()) < threshold:
                 return None
-            if not self._survives(float(q.max()), position):
-                return None
+            self._track_survival(float(q.max()), position)
             token = int(torch.multinomial(q, 1, generator=self.generator))
             log_probs.append(float(q[token].log()))
             rows_q.append(q)
         tokens.append(token)
         return token
 
-    def _survives(self, top_probability: float, position: int) -> bool:
-        """Whether the chain goes on to `position`: its running survival estimate, from the top
-        probability of the distribution the token is about to be drawn from (never the drawn
-        token's own: the decision must not look at it), stays at or over `survival_floor`. The
-        first position always survives: its logits come from the forward that syncs the row."""
+    def _track_survival(self, top_probability: float, position: int) -> None:
+        """Update the chain's running survival estimate for `position` from the top probability
+        of the distribution its token is about to be drawn from: never the drawn token's own
+        probability, which would let a decision look at the token it decides about."""
         if self.confidence_of is None:
-            return True
+            return
         if position == 0:
             self.draft_survival = 1.0
-        survival = self.draft_survival * self.confidence_of(top_probability)
-        if position > 0 and survival < self.survival_floor:
-            return False
-        self.draft_survival = survival
-        return True
+        self.last_confidence = self.confidence_of(top_probability)
+        self.draft_survival *= self.last_confidence

@@ -6,12 +6,12 @@ policy (cost models, acceptance trackers), the step's prompt chunk and `_context
 
 1. plans each scheduled row's draft depth (`_plan_draft_depths`): as deep as the policy allows
    (`max_depth`, the tokens and the draft's context left) but no deeper than a position can pay
-   for its own drafting and verifying: a position worth a expected tokens costs, per row, its
-   share of a draft forward (or the drafter's own seconds per position) and of the verify
-   forward's extra width, and pays only if a exceeds that cost times the undrafted step's
-   tokens per second (`_survival_floor`). A `draft_model` chain applies the floor while it
-   drafts, position by position, from calibrated confidences (rows.py `_survives`); a per-row
-   drafter gets the deepest depth its running acceptance keeps over the floor;
+   for its own drafting and verifying: a position worth a expected tokens costs its drafting
+   and its share of the verify forward's extra width, and pays only if a exceeds that cost
+   times the undrafted step's tokens per second (`_plan_rates`). `draft_model` chains decide
+   before each shared draft forward which of them it extends, from their calibrated running
+   survival (`_extend_chains`); a per-row drafter gets the deepest depth its running
+   acceptance keeps over its own floor;
 2. after drafting, cuts each scheduled row's draft to the length the scheduler chose
    (`_schedule`, confidence_schedule.py) against the cost the forward will really have: rows
    are padded to the widest (`PaddedForwardCost`, so the scheduler admits whole levels), the
@@ -62,45 +62,92 @@ class ConfidenceScheduling:
         self._exploring = bool(self._scheduled_ids) and self.policy.explore_now()
         rows = len(self.rows)
         width = max([1] + [len(self._context_new(row)) for row in self.rows])
-        chains = sum(1 for row in self.rows
-                     if id(row) in self._scheduled_ids and row.drafter_kind == "draft_model")
+        self._plan_rates(rows, width)
+        chains: list[tuple[float, int]] = []
         for row in self.rows:
-            row.survival_floor, row.confidence_of = 0.0, None
+            row.confidence_of = None
             if id(row) not in self._scheduled_ids:
                 continue
             cap = self._depth_cap(row)
             sampled = row.sampling is not None
             if self._exploring:
-                floor = 0.0
-            elif row.drafter_kind == "draft_model":
-                floor = self._survival_floor(rows, width, self.policy.draft_costs.estimate(chains, 1) / chains)
-            else:
-                floor = self._survival_floor(rows, width, self.policy.row_draft_seconds.get(row.drafter_kind, 0.0))
+                # re-measure cheaply: one position each (a draft forward, a verify column)
+                self._draft_depths[id(row)] = min(cap, 1)
+                continue
             if row.drafter_kind == "draft_model":
-                row.survival_floor = floor
+                # its chain goes as deep as each next shared draft forward pays (`_extend_chains`)
                 row.confidence_of = (lambda top, sampled=sampled: self.survival.confidence(top, sampled))
-                depth = cap
-            else:
-                tracker = self.policy.tracker(row.drafter_kind, sampled)
-                depth, survive = 0, 1.0
-                while depth < cap:
-                    survive *= tracker.rate(depth)
-                    if survive < floor and depth > 0:
-                        break
-                    depth += 1
+                chains.append((self.survival.expected_confidence(sampled), id(row)))
+                self._draft_depths[id(row)] = cap
+                continue
+            draft_seconds = self.policy.row_draft_seconds.get(row.drafter_kind, 0.0)
+            floor = self._token_rate * (draft_seconds + self._verify_per_token)
+            tracker = self.policy.tracker(row.drafter_kind, sampled)
+            depth, survive = 0, 1.0
+            while depth < cap:
+                survive *= tracker.rate(depth)
+                if survive < floor and depth > 0:
+                    break
+                depth += 1
             self._draft_depths[id(row)] = depth
+        if chains and not self._exploring:
+            # the first draft forward (it brings each row's draft cache up to its context and
+            # gives its first position) runs only for chains whose first position pays for it,
+            # at the overall calibrated confidence; the others draft nothing this step
+            feeding = sum(1 for row in self.draft_rows if id(row) not in self._scheduled_ids
+                          and (row.prefilling or self._row_depth(row, 0) > 0))
+            drafting = set(self._worth_a_draft_forward(chains, feeding))
+            for _, key in chains:
+                if key not in drafting:
+                    self._draft_depths[key] = 0
         return max(self._draft_depths.values(), default=0)
 
-    def _survival_floor(self, rows: int, width: int, draft_seconds_per_row: float) -> float:
-        """The survival a drafted position needs to pay for its drafting and its share of a
-        verify forward as wide as `max_depth` drafts, at the undrafted step's tokens per second."""
+    def _plan_rates(self, rows: int, width: int) -> None:
+        """What a drafted position is weighed against this step: the undrafted step's tokens per
+        second, and a verify token's share of a forward as wide as `max_depth` drafts."""
         depth = max(1, self.policy.max_depth)
         undrafted = self.policy.forward_seconds(rows, width)
-        if undrafted <= 0:
-            return 0.0
         deepest = self.policy.forward_seconds(rows, max(width, depth + 1))
-        verify_per_token = max(0.0, deepest - undrafted) / (depth * rows)
-        return (draft_seconds_per_row + verify_per_token) * rows / undrafted
+        self._token_rate = rows / undrafted if undrafted > 0 else 0.0
+        self._verify_per_token = max(0.0, deepest - undrafted) / (depth * rows)
+
+    def _extend_chains(self, rows: list[BatchRow], indices: list[int]) -> list[int]:
+        """Of the draft_model chains that could draft one more position, the `indices` of those
+        worth the next shared draft forward.
+
+        Rows outside the schedule (a seeded row's own schedule) always go on. Scheduled ones are
+        taken in order of the survival their next position is predicted to have (the running
+        survival times the last position's confidence: known before the next token is drawn),
+        as many as maximise the expected tokens gained minus what the forward and their verify
+        columns cost, in tokens at the undrafted step's rate. A forward that runs for one row
+        costs that row the whole forward: weighing each row against its share of a forward let
+        a lone confident chain draft on by itself, a whole forward per position.
+        """
+        if not self.scheduling or self._exploring:
+            return indices
+        fixed = [index for row, index in zip(rows, indices) if id(row) not in self._scheduled_ids]
+        scored = [(row.draft_survival * row.last_confidence, index) for row, index in zip(rows, indices)
+                  if id(row) in self._scheduled_ids]
+        return fixed + self._worth_a_draft_forward(scored, len(fixed))
+
+    def _worth_a_draft_forward(self, scored: list[tuple[float, int]], fixed: int) -> list[int]:
+        """The keys of the (predicted survival, key) chains to feed the next draft forward: the
+        most likely first, as many as maximise the expected tokens they add minus what the
+        forward (beyond the `fixed` rows it feeds anyway) and their verify columns cost, in
+        tokens at the undrafted step's rate."""
+        costs = self.policy.draft_costs
+
+        def forward(count: int) -> float:
+            return costs.estimate(count, 1) if count else 0.0
+
+        ranked = sorted(scored, reverse=True)
+        best, best_net, gain = 0, 0.0, 0.0
+        for count, (survival, _) in enumerate(ranked, start=1):
+            gain += survival - self._token_rate * self._verify_per_token
+            net = gain - self._token_rate * (forward(fixed + count) - forward(fixed))
+            if net > best_net:
+                best, best_net = count, net
+        return [key for _, key in ranked[:best]]
 
     def _scheduled_depth(self, row: BatchRow) -> int:
         return self._draft_depths.get(id(row), 0)
@@ -133,7 +180,8 @@ class ConfidenceScheduling:
         self.last_schedule = chosen
         self.last_decision = PolicyDecision(max(lengths, default=0), chosen.expected_tokens,
                                             chosen.seconds, explored=self._exploring)
-        could = any(survival)
+        # a step counts towards the next exploration when a scheduled row could have drafted
+        could = any(self._depth_cap(self.rows[index]) > 0 for index in scheduled)
         self.policy.record_verified(any(lengths) and not self._exploring, could)
         trees = list(trees)
         for position, index in enumerate(scheduled):

@@ -7,8 +7,8 @@ source the row's drafter offers:
    are disjoint events);
 2. `draft_model` chains: the draft model's probabilities, calibrated. Position j's confidence
    c_j is the rate at which the target has taken a chain token drafted from a distribution of
-   top probability q_max(j), learned online (`ChainCalibration`, one table for greedy and one
-   for sampled rows), and a_j = prod_{i<=j} c_i;
+   top probability q_max(j), learned online per bucket of q_max (`ChainCalibration`, one table
+   for greedy and one for sampled rows), and a_j = prod_{i<=j} c_i;
 3. any other drafter (ngram, suffix, tree without its own estimates): the policy's running
    acceptance per position for that drafter (policy.py's `AcceptanceTracker`).
 
@@ -33,42 +33,43 @@ BUCKETS = 10
 class ChainCalibration:
     """P(the target takes a chain token | the top probability q of its draft distribution).
 
-    Two levels, so it is useful from the first steps and exact in the long run: a scale s
-    shared by every q (c = min(1, s * q); s starts at 1, the draft taken at its word, and moves
-    with every verified position: a draft that copies its target's argmax but spreads its
-    probability gets s > 1 within a few steps, an overconfident one s < 1), refined per bucket
-    of q as each bucket's own trials accumulate. (The tree drafter's tables, calibration.py,
-    learn per cell from a fixed prior only: a chain's first steps there kept a flat draft's
-    raw q, and a draft that agreed with its target on every token verified half its steps.)
+    Per bucket of q, hits over trials, each bucket's prior being the rate over every bucket
+    (itself shrunk to `prior`, the policy's prior for the drafter: a drafter starts out assumed
+    useful, so it gets verified and measured). So the estimate is useful from the first steps
+    (a draft whose q is flat but whose argmax is always the target's, or a sharp one that is
+    often wrong, is corrected overall within a few verified positions) and follows q where the
+    buckets' own trials say q matters. (Taking q at its word at first, as the tree drafter's
+    tables do, left a flat draft that agreed with its target on every token verifying a
+    fraction of its steps: its q of a few per cent never paid for a verify column, so it was
+    rarely verified and slow to learn.)
     """
 
-    def __init__(self, buckets: int = BUCKETS, cell_prior: float = 2.0, scale_prior: float = 4.0) -> None:
+    def __init__(self, prior: float, buckets: int = BUCKETS, cell_prior: float = 2.0,
+                 marginal_prior: float = 4.0) -> None:
+        self.prior = prior
         self.buckets = buckets
         self.cell_prior = cell_prior
-        self.scale_prior = scale_prior
+        self.marginal_prior = marginal_prior
         self.hits = [0.0] * buckets
         self.trials = [0.0] * buckets
-        self.total_hits = 0.0
-        self.total_q = 0.0
 
     def _bucket(self, q: float) -> int:
         return min(self.buckets - 1, max(0, int(q * self.buckets)))
 
     @property
-    def scale(self) -> float:
-        return (self.total_hits + self.scale_prior) / (self.total_q + self.scale_prior)
+    def marginal(self) -> float:
+        """The hit rate over every q, shrunk to the prior."""
+        return ((sum(self.hits) + self.marginal_prior * self.prior)
+                / (sum(self.trials) + self.marginal_prior))
 
     def rate(self, q: float) -> float:
-        base = min(1.0, max(0.0, q) * self.scale)
         bucket = self._bucket(q)
-        return (self.hits[bucket] + self.cell_prior * base) / (self.trials[bucket] + self.cell_prior)
+        return (self.hits[bucket] + self.cell_prior * self.marginal) / (self.trials[bucket] + self.cell_prior)
 
     def observe(self, q: float, hit: bool) -> None:
         bucket = self._bucket(q)
         self.trials[bucket] += 1.0
         self.hits[bucket] += float(hit)
-        self.total_hits += float(hit)
-        self.total_q += max(0.0, q)
 
 
 class SurvivalEstimates:
@@ -77,12 +78,16 @@ class SurvivalEstimates:
     def __init__(self, policy: SpeculationPolicy) -> None:
         self.policy = policy
         # draft_model chains: P(the target takes a chain token | q_max of its distribution)
-        self.greedy_chain = ChainCalibration()
-        self.sampled_chain = ChainCalibration()
+        self.greedy_chain = ChainCalibration(policy.tracker("draft_model").prior)
+        self.sampled_chain = ChainCalibration(policy.tracker("draft_model", sampled=True).prior)
 
     def confidence(self, top_probability: float, sampled: bool) -> float:
         """c for one chain position whose draft distribution has top probability q_max."""
         return (self.sampled_chain if sampled else self.greedy_chain).rate(top_probability)
+
+    def expected_confidence(self, sampled: bool) -> float:
+        """c for a chain position whose draft distribution is not known yet (over every q)."""
+        return (self.sampled_chain if sampled else self.greedy_chain).marginal
 
     def confidences(self, top_probabilities: list[float], sampled: bool) -> list[float]:
         """c per chain position from the q_max of each position's draft distribution."""

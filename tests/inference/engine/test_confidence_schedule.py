@@ -216,10 +216,13 @@ def test_policy_rows_fall_back_to_the_running_acceptance_per_position():
     assert survival[0] > 0.9 and survival[1] < 0.1 and survival[2] <= survival[1]
 
 
-def test_chain_calibration_learns_a_flat_draft_that_always_agrees_within_a_few_steps():
-    calibration = ChainCalibration()
-    assert calibration.rate(0.3) == pytest.approx(0.3)  # the draft taken at its word at first
+def test_chain_calibration_starts_at_the_prior_learns_overall_fast_and_per_q_in_time():
+    calibration = ChainCalibration(prior=0.7)
+    assert calibration.rate(0.03) == calibration.rate(0.9) == pytest.approx(0.7)
     for _ in range(12):
-        calibration.observe(0.3, True)
-    assert calibration.rate(0.3) > 0.8
-    assert calibration.rate(0.55) > 0.8  # the shared scale moves buckets never observed too
+        calibration.observe(0.03, True)  # a flat draft whose every token the target takes
+    assert calibration.rate(0.03) > 0.95
+    assert calibration.rate(0.55) > 0.85  # buckets never observed follow the overall rate
+    for _ in range(12):
+        calibration.observe(0.95, False)  # a confident draft that is always wrong
+    assert calibration.rate(0.95) < 0.2 < 0.9 < calibration.rate(0.03)
