@@ -44,6 +44,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.feature_rows import FeatureRows, reads_features
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
 from inference.engine.batch.profiling import profile_step_costs
@@ -64,6 +65,7 @@ from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.decode.stopping import StopCondition
 from inference.engine.drafters import AUTO, DRAFTER_KINDS, DRAFTERS, build_drafter
 from inference.engine.drafters.base import DraftRequest
+from inference.engine.drafters.dspark.modeling import DSparkModel
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.kv.ragged import RaggedCache
@@ -75,13 +77,14 @@ from inference.engine.outputs import GenerationResult, StepOutput
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
-class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling):
+class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling, FeatureRows):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
     be None. Two LoadedModels are checked to be a compatible pair. decode: ids -> text, needed
     for stop strings (default: the target's tokenizer). policy: None uses a SpeculationPolicy.
-    prefill: "shared" or "separate" (prefill.py); None chooses by device.
+    prefill: "shared" or "separate" (prefill.py); None chooses by device. dspark: the target's
+    DSpark checkpoint (drafters/dspark), which the `dspark` drafter runs (feature_rows.py).
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         prefill_chunk: int | None = None,
         solo_prefill_chunk: int = 256,
         prefill: str | None = None,
+        dspark: DSparkModel | None = None,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
@@ -101,6 +105,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         target, draft = unwrap_model(target), unwrap_model(draft) if draft is not None else None
         self.target = target
         self.draft = draft
+        if dspark is not None:
+            dspark.dspark.check_target(target)
+        self.dspark = dspark
         self.policy = policy or SpeculationPolicy()
         self.max_rows = max_rows
         # prompt tokens a newcomer feeds per step beside decoding rows, and when no row decodes
@@ -143,7 +150,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     def drafter_kinds(self) -> list[str]:
         """Drafters this engine can run (those needing a draft model only with one)."""
         return [kind for kind in DRAFTER_KINDS
-                if self.draft is not None or not DRAFTERS[kind].needs_draft_model]
+                if (self.draft is not None or not DRAFTERS[kind].needs_draft_model)
+                and (self.dspark is not None or not DRAFTERS[kind].needs_dspark)]
 
     def submit(self, request: BatchRequest) -> None:
         """Queue a request; it joins at the next step. Bad settings raise here, not in a step."""
@@ -161,14 +169,18 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
             raise ConfigError(f"drafter: {kind!r} cannot run here; available: "
                               f"{', '.join(self.drafter_kinds())}")
         row = BatchRow(request, kind, max_new, stop, self.device)
-        if kind in ("tree", "ngram", "suffix", "none"):
+        if kind in ("tree", "ngram", "suffix", "dspark", "none"):
             row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
-                                        config=request.draft_config, corpus=request.corpus)
+                                        config=request.draft_config, corpus=request.corpus, dspark=self.dspark)
             if isinstance(row.drafter, TreeDrafter) and not row.own_schedule:
                 # a seeded sampled row keeps its own tables: companions must not shape its tree
                 self.tree_calibrations.adopt(row.drafter)
             row.drafter.begin(prompt)
             row.schedule = DraftLengthSchedule(request.draft_config, row.drafter.nominal_depth)
+            if reads_features(row):
+                row.keeps_last_prompt_token = True  # its first step drafts on the prompt's features
+                if row.prefill_length == 0:
+                    row.prefilled = row.prompt_length  # its one token is the pending one
         else:
             row.schedule = DraftLengthSchedule(request.draft_config, request.draft_config.length)
         self.waiting.append(row)
@@ -310,6 +322,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         cap = min(row.room, self.policy.max_depth)
         if row.drafter_kind == "draft_model":
             cap = min(cap, self.draft_context - len(row.context) + 1)
+        if row.drafter_kind == "dspark":
+            cap = min(cap, self.dspark.block_size)
         return max(cap, 0)
 
     def _row_depth(self, row: BatchRow, policy_depth: int) -> int:
@@ -334,9 +348,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         depths = [self._row_depth(row, policy_depth) for row in self.rows]
         trees: dict[int, DraftTree] = {}
         chain_rows = [row for row in self.draft_rows if row.finish_reason is None]
+        wanted = {id(row): depth for row, depth in zip(self.rows, depths)}
         if chain_rows:
-            wanted = {id(row): depth for row, depth in zip(self.rows, depths)}
             trees.update(self._draft_chains(wanted))
+        if self.dspark is not None:
+            trees.update(self._draft_feature_rows(wanted))
         for row, depth in zip(self.rows, depths):
             if id(row) not in self._scheduled_ids or not self.scheduling:
                 # a scheduled row's choice is the length verified (scheduling.py)

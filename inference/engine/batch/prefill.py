@@ -48,7 +48,7 @@ class PrefillLane:
 
     def _enter_lane(self, row: BatchRow) -> None:
         """A newcomer of the separate mode: into the lane, or straight in when nothing is to cache."""
-        if row.own_schedule and row.prompt_length == 1:
+        if row.prefill_length == 0 or (row.own_schedule and row.prompt_length == 1):
             row.prefilled = row.prompt_length  # its one token is the pending one
             self._add_decoding_row(row, None)
             return
@@ -63,7 +63,7 @@ class PrefillLane:
         """Context tokens the lane caches: the whole prompt, its first token coming from the last
         chunk's logits; but a seeded sampled row keeps its last prompt token pending, so that it
         drafts on its first step as it does alone (its tokens must not depend on the mode)."""
-        return row.prompt_length - 1 if row.own_schedule else row.prompt_length
+        return row.prompt_length - 1 if row.own_schedule else row.prefill_length
 
     def _prefill_lane_step(self, chunk: int) -> list[RowEvent]:
         """Feed every lane row its next `chunk` prompt tokens (a row whose prompt is done gets its
@@ -76,7 +76,9 @@ class PrefillLane:
         inputs = [RowInput(row.context[row.prefilled:end], list(range(row.prefilled, end)))
                   for row, end in zip(self.lane_rows, ends)]
         first_tokens = any(end == row.prompt_length for row, end in zip(self.lane_rows, ends))
-        logits = self.lane_target_cache.forward(inputs, logits="last" if first_tokens else "none")
+        with self._tapping(self.lane_rows) as tap:  # a DSpark row's prompt features (feature_rows.py)
+            logits = self.lane_target_cache.forward(inputs, logits="last" if first_tokens else "none")
+        self._hand_over(tap, self.lane_rows, inputs, [list(range(len(item.token_ids))) for item in inputs])
         self._log_forward("prefill", len(inputs), max(len(item.token_ids) for item in inputs),
                           time.perf_counter() - started, costed=False)
         if self.lane_draft_rows:
@@ -103,7 +105,7 @@ class PrefillLane:
                 events.append(self._event(row, StepOutput([], 0, 0, [], None), prefill_tokens=row.fed_prompt))
                 continue
             self._lane_ready.append(row)
-            if row.own_schedule:
+            if row.own_schedule or row.keeps_last_prompt_token:
                 row.prefilled = row.prompt_length  # the last prompt token is the pending one
                 events.append(self._event(row, StepOutput([], 0, 0, [], None), prefill_tokens=row.fed_prompt))
                 continue

@@ -124,6 +124,10 @@ class BatchRow:
         self.schedule: DraftLengthSchedule | None = None
         self.stats = GenerationStats(prompt_tokens=len(self.context))
         self.prefilled = 0  # prompt tokens in the target cache
+        # a row whose drafter reads the target's features (DSpark) prefills all but its last prompt
+        # token, which stays pending: its first step then drafts on the prompt's features, in
+        # either prefill mode and alone (feature_rows.py)
+        self.keeps_last_prompt_token = False
         # draft cache bookkeeping: the context prefix known to be in the draft cache, and the
         # drafted tokens fed after it
         self.draft_synced = 0
@@ -154,11 +158,25 @@ class BatchRow:
         """Context tokens in the target cache: the prompt so far, or all but the pending token."""
         return self.prefilled if self.prefilling else len(self.context) - 1
 
+    @property
+    def prefill_length(self) -> int:
+        """Prompt tokens the prefill feeds: all, or all but the pending last one."""
+        return self.prompt_length - 1 if self.keeps_last_prompt_token else self.prompt_length
+
     def chunk_end(self, chunk: int) -> int:
         """End (exclusive) of the context this step feeds: the next prompt chunk, or all of it."""
         if self.prefilling:
-            return min(self.prompt_length, self.prefilled + chunk)
+            return min(self.prefill_length, self.prefilled + chunk)
         return len(self.context)
+
+    def note_prefilled(self, tokens: int) -> None:
+        """Count `tokens` more prompt tokens fed; a row keeping its last prompt token pending is
+        then done prefilling (that token is fed with its first draft)."""
+        self.prefilled += tokens
+        if self.prefilled >= self.prefill_length:
+            self.prefilled = max(self.prefilled, self.prefill_length)
+            if self.keeps_last_prompt_token:
+                self.prefilled = self.prompt_length
 
     def can_draft(self, chunk: int) -> bool:
         """Drafting needs the whole context in this step's forward (decoding, or the last chunk)."""

@@ -43,18 +43,22 @@ class RowVerification:
             positions = list(range(cached, cached + new)) + [last + depth for depth in tree.depths]
             inputs.append(RowInput(context_new + tree.token_ids, positions, new_mask))
         forward_started = time.perf_counter()
-        logits = self.target_cache.forward(inputs)
+        with self._tapping(self.rows) as tap:  # a DSpark row's features (feature_rows.py)
+            logits = self.target_cache.forward(inputs)
         self._log_forward("target", len(inputs), max(len(item.token_ids) for item in inputs),
                           time.perf_counter() - forward_started)
         start = self.target_cache.last_start
         results: list[VerifyResult | None] = []
+        # per row, the input indices this forward committed (its fed context, its accepted nodes)
+        committed: list[list[int] | None] = []
         for index, (row, tree, row_logits) in enumerate(zip(self.rows, trees, logits)):
             new = len(inputs[index].token_ids) - len(tree)
+            committed.append(list(range(new)))
             if row.prefilling:
                 row.fed_prompt = new
-                row.prefilled += new
-                if row.prefilling:
-                    results.append(None)
+                row.note_prefilled(new)
+                if row.prefilling or row.keeps_last_prompt_token:
+                    results.append(None)  # no verdict: the row's last token is not in this forward
                     continue
             # [1 + nodes, vocab]: after the last context token, then after each node
             row_logits = row_logits[new - 1:]
@@ -63,12 +67,15 @@ class RowVerification:
             except Exception as error:  # a row's own failure ends that row, not the batch
                 row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
                 results.append(None)
+                committed[-1] = None
                 continue
+            committed[-1] += [new + node for node in result.accepted_nodes]
             if len(tree):
                 accepted = set(result.accepted_nodes)
                 rejected = [start + new + node for node in range(len(tree)) if node not in accepted]
                 self.target_cache.drop(index, rejected)
             results.append(result)
+        self._hand_over(tap, self.rows, inputs, committed)
         return results
 
     def _verdict(

@@ -182,6 +182,7 @@ class SpeculativeDecoder:
         stats = self.stats = GenerationStats(prompt_tokens=len(prompt))
         cache = new_cache(self.target)
         self.drafter.begin(prompt)
+        self._prefill_features(prompt, cache)
         context, generated = prompt, []
         finish_reason = None
         while finish_reason is None:
@@ -213,6 +214,17 @@ class SpeculativeDecoder:
             stats.total_seconds += finished_at - started
             yield StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
                              finish_reason)
+
+    def _prefill_features(self, prompt: list[int], cache: DynamicCache) -> None:
+        """For a drafter that reads the target's features (dspark): feed all but the last prompt
+        token first, so the first step drafts on the prompt's features (the batched engine's
+        rows do the same, feature_rows.py). Other drafters: nothing, the first step feeds it all."""
+        layers = feature_layers(self.drafter)
+        if not layers or len(prompt) < 2:
+            return
+        with torch.inference_mode(), tapped(self.target, layers) as tap:
+            forward_logits(self.target, prompt[:-1], cache, keep=1)
+        hand_over_features(self.drafter, tap, len(prompt) - 1, [])
 
     def _verify(
         self,

@@ -42,7 +42,16 @@ def deepspec_config(target: PreTrainedModel, target_layer_ids=(0, 1), block_size
         target_layer_ids=list(target_layer_ids), num_anchors=512, enable_confidence_head=True,
         confidence_head_with_markov=bool(markov_rank), markov_rank=markov_rank,
     )
-    raw.setdefault("head_dim", target.config.hidden_size // target.config.num_attention_heads)
+    text = target.config.get_text_config(decoder=True)
+    heads = int(text.num_attention_heads)
+    # a target outside the Llama family (GPT-2) names its sizes otherwise: the backbone's own fields
+    raw.update(hidden_size=int(text.hidden_size), num_attention_heads=heads,
+               num_key_value_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+               intermediate_size=int(getattr(text, "intermediate_size", None) or 2 * text.hidden_size),
+               max_position_embeddings=int(getattr(text, "max_position_embeddings", None) or 512),
+               vocab_size=int(target.get_input_embeddings().weight.shape[0]))
+    raw.setdefault("head_dim", int(text.hidden_size) // heads)
+    raw.setdefault("rms_norm_eps", 1e-6)
     if markov_rank:
         raw["markov_head_type"] = markov_head_type
     raw.pop("torch_dtype", None)

@@ -25,6 +25,7 @@ def drafts_alone(request: DraftRequest, seeded: bool) -> bool:
     return request.sampling is not None and seeded
 
 
+@torch.inference_mode()
 def propose_blocks(drafters: list[DSparkDrafter], contexts: list[list[int]],
                    requests: list[DraftRequest]) -> list[DraftTree]:
     """The rows' draft trees; rows asking for depth 0 (or with no features yet) get empty trees."""
