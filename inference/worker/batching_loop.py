@@ -121,7 +121,7 @@ class DeviceBatchLoop:
                 job.target, job.draft, decode=job.target.tokenizer.decode,
                 policy=SpeculationPolicy(enabled=self.policy_enabled),
                 max_rows=self.max_rows, prefill_chunk=self.prefill_chunk or None,
-                prefill=None if conf.PREFILL == "auto" else conf.PREFILL)
+                prefill=None if conf.PREFILL == "auto" else conf.PREFILL, dspark=job.dspark)
             self.engines[job.pair] = engine
         return engine
 

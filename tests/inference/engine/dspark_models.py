@@ -76,8 +76,12 @@ def deepspec_weight_names(draft_layers: int, markov_rank: int, gated: bool = Fal
     return names
 
 
-def write_deepspec_checkpoint(directory: Path, target: PreTrainedModel, seed: int = 7, **config_kwargs) -> Path:
-    """A random DSpark checkpoint for `target` in DeepSpec's layout (embedding and head copied)."""
+def write_deepspec_checkpoint(directory: Path, target: PreTrainedModel, seed: int = 7,
+                              confidence_bias: float | None = None, **config_kwargs) -> Path:
+    """A random DSpark checkpoint for `target` in DeepSpec's layout (embedding and head copied).
+
+    confidence_bias: set the confidence head's bias (e.g. 8: every position looks safe, so a
+    verification scheduler admits the drafts of this random drafter)."""
     raw = deepspec_config(target, **config_kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -85,6 +89,9 @@ def write_deepspec_checkpoint(directory: Path, target: PreTrainedModel, seed: in
     with torch.no_grad():
         model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         model.lm_head.weight.copy_(target.get_output_embeddings().weight)
+        if confidence_bias is not None:
+            model.confidence_head.proj.weight.zero_()
+            model.confidence_head.proj.bias.fill_(confidence_bias)
     state = {name: tensor.detach().float().contiguous() for name, tensor in model.state_dict().items()}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(raw))
