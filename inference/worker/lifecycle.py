@@ -334,6 +334,8 @@ def observe_end(end: SessionEnd, status: str) -> None:
         drafts = stats.drafted_per_position[0] if stats.drafted_per_position else 0
         metrics.observe_speculation(drafter, stats.drafted_per_position,
                                     stats.accepted_per_position, drafts)
+        metrics.observe_schedule(drafter, stats.verified_lengths, stats.expected_accepted,
+                                 stats.scheduled_accepted)
 
 
 # -- no worker will finish it (the reconciler) --------------------------------------------

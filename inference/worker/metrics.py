@@ -87,6 +87,18 @@ FORWARD_KINDS = ("target", "draft", "prefill", "draft_prefill")
 
 # ---------------------------------------------------------------------------- speculation
 
+# Confidence-scheduled verification (issue 25): the lengths the scheduler verified, and its
+# survival estimates against what was accepted (accepted / expected is the calibration).
+SCHEDULED_VERIFY_STEPS = Counter(
+    "specops_scheduled_verify_steps_total", "Steps whose verification length the scheduler chose, by length.",
+    ["drafter", "length"],
+)
+SCHEDULED_EXPECTED_TOKENS = Counter(
+    "specops_scheduled_expected_tokens_total", "Sum of the survival estimates of the verified positions.", ["drafter"],
+)
+SCHEDULED_ACCEPTED_TOKENS = Counter(
+    "specops_scheduled_accepted_tokens_total", "Positions accepted in the steps the scheduler chose.", ["drafter"],
+)
 SPEC_NUM_DRAFTS = Counter(
     "specops_spec_decode_num_drafts_total", "Drafts verified (one per row per step that drafted).", ["drafter"],
 )
@@ -212,6 +224,17 @@ def observe_forward(kind: str, rows: int, tokens: int, seconds: float) -> None:
     BATCH_ROWS.labels(kind).observe(rows)
     BATCH_TOKENS_PER_FORWARD.labels(kind).observe(tokens)
     FORWARD_SECONDS.labels(kind).observe(seconds)
+
+
+def observe_schedule(drafter: str, verified_lengths: Sequence[int], expected: float, accepted: int) -> None:
+    """Add a generation's scheduled steps: ``verified_lengths[L]`` steps verified L draft positions."""
+    for length, steps in enumerate(verified_lengths[: MAX_POSITION + 1]):
+        if steps:
+            SCHEDULED_VERIFY_STEPS.labels(drafter, str(length)).inc(steps)
+    if expected > 0:
+        SCHEDULED_EXPECTED_TOKENS.labels(drafter).inc(expected)
+    if accepted:
+        SCHEDULED_ACCEPTED_TOKENS.labels(drafter).inc(accepted)
 
 
 def observe_speculation(

@@ -178,6 +178,15 @@ def pieces_decoder(tokens: list[TokenRecord]) -> Decoder:
     return lambda token_id: pieces.get(token_id, f"#{token_id}")
 
 
+# The speculation of a session, as the admin's session page lists it: what was drafted and kept,
+# and, where the verification scheduler chose the lengths (issue 25), how many positions each step
+# verified (verified_lengths[L]: steps that verified L) and how its survival estimates compared with
+# what was accepted (survival_calibration = accepted / expected; 1: calibrated).
+STATS_SHOWN = ("drafter", "steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
+               "batch_rows_max", "depth_choices", "verified_lengths", "expected_accepted",
+               "scheduled_accepted", "survival_calibration", "cut_tokens")
+
+
 def session_context(session: Session, cursor: str | None, decoder: Callable[[list], Decoder] = pieces_decoder) -> dict:
     rows = list(TokenRecord.objects.filter(session_id=session.pk, session_created_at=session.created_at)
                 .order_by("position").only("position", "step", "token_id", "piece", "kind", "logprob"))
@@ -194,8 +203,6 @@ def session_context(session: Session, cursor: str | None, decoder: Callable[[lis
         "acceptance_chart": acceptance_chart(stats) if stats.get("drafted_per_position") else "",
         "timing_rows": timing_rows(session),
         "links": links(session),
-        "stats_rows": [(k, stats[k]) for k in ("drafter", "steps", "drafted", "accepted", "acceptance_rate",
-                                               "mean_accepted_length", "batch_rows_max", "depth_choices")
-                       if k in stats],
+        "stats_rows": [(k, stats[k]) for k in STATS_SHOWN if k in stats],
         **steps_page(session, tokens, cursor, decoder(rows)),
     }

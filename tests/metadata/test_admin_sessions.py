@@ -79,6 +79,16 @@ def test_the_session_page_is_read_only_and_colours_every_token_by_kind(admin_cli
     assert 'id="acceptance-chart"' in html and 'data-points="3"' in html
 
 
+def test_the_session_page_shows_the_schedulers_lengths_and_its_calibration(admin_client, tenant, tiny_model):
+    session = make_session(tenant, tiny_model)
+    session.stats = {**session.stats, "drafter": "dspark", "verified_lengths": [2, 0, 1, 4],
+                     "expected_accepted": 9.5, "scheduled_accepted": 7, "survival_calibration": 0.737}
+    session.save(update_fields=["stats"])
+    html = admin_client.get(f"/admin/metadata/session/{session.pk}/change/").content.decode()
+    for shown in ("verified_lengths", "[2, 0, 1, 4]", "survival_calibration", "0.737", "expected_accepted", "9.5"):
+        assert shown in html, shown
+
+
 def test_each_step_draws_its_branches_as_a_tree_with_the_accepted_path_and_the_rejection(admin_client, tenant,
                                                                                          tiny_model):
     session = make_session(tenant, tiny_model)

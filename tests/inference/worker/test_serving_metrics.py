@@ -18,6 +18,7 @@ from inference.worker.metrics import (
     observe_generation,
     observe_policy_decision,
     observe_request,
+    observe_schedule,
     observe_speculation,
     observe_writer_backlog,
 )
@@ -128,6 +129,17 @@ def test_observe_speculation_counts_totals_and_each_position(drafter):
                                drafter=drafter)
     assert "0" not in label_values("specops_spec_decode_num_drafted_tokens_per_pos_total", "position",
                                    drafter=drafter)
+
+
+def test_observe_schedule_counts_steps_by_length_and_the_estimates_against_the_accepted(drafter):
+    observe_schedule(drafter, [3, 0, 2, 1], expected=4.5, accepted=3)
+    observe_schedule(drafter, [1], expected=0.0, accepted=0)
+    steps = {length: sample("specops_scheduled_verify_steps_total", drafter=drafter, length=length)
+             for length in ("0", "2", "3")}
+    assert steps == {"0": 4, "2": 2, "3": 1}
+    assert "1" not in label_values("specops_scheduled_verify_steps_total", "length", drafter=drafter)
+    assert sample("specops_scheduled_expected_tokens_total", drafter=drafter) == 4.5
+    assert sample("specops_scheduled_accepted_tokens_total", drafter=drafter) == 3
 
 
 def test_positions_past_the_cap_count_in_the_totals_only(drafter):
