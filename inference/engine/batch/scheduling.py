@@ -15,7 +15,7 @@ policy (cost models, acceptance trackers), the step's prompt chunk and `_context
 2. after drafting, cuts each scheduled row's draft to the length the scheduler chose
    (`_schedule`, confidence_schedule.py) against the cost the forward will really have: rows
    are padded to the widest (`PaddedForwardCost`, so the scheduler admits whole levels), the
-   drafting already paid counts as fixed;
+   drafting already planned counts as fixed;
 3. after verifying, teaches the draft_model chain calibration and records per row the length
    verified, the survival it expected and what was accepted (`_observe_schedule`).
 
@@ -43,6 +43,7 @@ class ConfidenceScheduling:
         self._scheduled_ids: set[int] = set()
         self._draft_depths: dict[int, int] = {}
         self._exploring = False
+        self._planned_draft_seconds = 0.0
 
     @property
     def scheduling(self) -> bool:
@@ -100,7 +101,22 @@ class ConfidenceScheduling:
             for _, key in chains:
                 if key not in drafting:
                     self._draft_depths[key] = 0
+        self._planned_draft_seconds = self._planned_drafting()
         return max(self._draft_depths.values(), default=0)
+
+    def _planned_drafting(self) -> float:
+        """What this step's drafting is planned to cost, as the schedule counts it: the first
+        shared draft forward (if any chain drafts) and the per-row drafters' positions. Known
+        before any token is drafted: the measured drafting time is not used, since how far the
+        chains went (hence how long drafting took) depends on their tokens, and a decision about
+        position 1 that read it would read the tokens after it."""
+        chains = sum(1 for row in self.draft_rows if row.prefilling or self._row_depth(row, 0) > 0)
+        seconds = self.policy.draft_costs.estimate(chains, 1) if chains else 0.0
+        for row in self.rows:
+            depth = self._draft_depths.get(id(row), 0)
+            if depth and row.drafter_kind != "draft_model":
+                seconds += depth * self.policy.row_draft_seconds.get(row.drafter_kind, 0.0)
+        return seconds
 
     def _plan_rates(self, rows: int, width: int) -> None:
         """What a drafted position is weighed against this step: the undrafted step's tokens per
@@ -154,8 +170,12 @@ class ConfidenceScheduling:
 
     # -- 2. cutting the drafts -------------------------------------------------------------
 
-    def _schedule(self, trees: list[DraftTree], draft_seconds: float) -> list[DraftTree]:
-        """Cut every scheduled row's draft to the length the prefix scheduler admits."""
+    def _schedule(self, trees: list[DraftTree], measured_seconds: float) -> list[DraftTree]:
+        """Cut every scheduled row's draft to the length the prefix scheduler admits.
+
+        measured_seconds: the step's time so far; the decision counts the planned drafting
+        instead (`_planned_drafting` says why), the measurement is the policy's to learn from.
+        """
         scheduled = [index for index, row in enumerate(self.rows) if id(row) in self._scheduled_ids]
         survival, row_tokens = [], []
         floor_width, base_tokens = 1, 0.0
@@ -171,7 +191,7 @@ class ConfidenceScheduling:
             if row.can_draft(self._chunk):  # it yields a token this step, and its own drafts'
                 base_tokens += 1.0 + sum(self.survival.of_tree(row.drafter_kind, tree, sampled))
         cost = PaddedForwardCost(self.policy.forward_seconds, len(self.rows), row_tokens, floor_width,
-                                 fixed_seconds=draft_seconds)
+                                 fixed_seconds=self._planned_draft_seconds)
         chosen = schedule(survival, cost, base_tokens)
         lengths = list(chosen.lengths)
         if self._exploring and not any(lengths):

@@ -258,3 +258,29 @@ def test_sampling_with_the_scheduler_follows_the_target_distribution(kind):
     params = SamplingParams(1.0)
     assert joint_p_value(counts, exact_joint(target, prompt, VOCAB, params)) > 1e-3
     assert joint_p_value(counts, exact_joint(draft, prompt, VOCAB, params)) < 1e-6  # negative control
+
+
+def test_the_one_depth_policy_path_without_the_scheduler_still_samples_exactly():
+    """`confidence_scheduling=False` keeps the policy's one depth per step (decide); the busy-
+    batch test of test_batch.py now runs the scheduler, so this keeps that path covered."""
+    from .test_batch import _ShufflingPolicy
+
+    policy = _ShufflingPolicy()
+    policy.confidence_scheduling = False
+    target, draft = target_model("llama", vocab_size=VOCAB), draft_model("llama", vocab_size=VOCAB)
+    engine = BatchedSpeculativeEngine(target, draft, max_rows=24, prefill_chunk=4, policy=policy)
+    assert not engine.scheduling
+    torch.manual_seed(1)
+    runs = 1500
+    sampled = GenerationConfig(max_new_tokens=3, temperature=1.0, eos_token_id=())
+    requests = [BatchRequest(("s", run), PROMPT, sampled, "draft_model", DraftConfig(length=2))
+                for run in range(runs)]
+    results = engine.run(requests, {request.request_id: index // 12 for index, request in enumerate(requests)})
+    counts = np.zeros(VOCAB * VOCAB)
+    for run in range(runs):
+        tokens = results[("s", run)].token_ids
+        counts[tokens[0] * VOCAB + tokens[1]] += 1
+        assert results[("s", run)].stats.scheduled_steps == 0
+    assert sum(results[("s", run)].stats.drafted for run in range(runs)) > 0
+    params = SamplingParams(1.0)
+    assert joint_p_value(counts, exact_joint(target, PROMPT, VOCAB, params)) > 1e-3
