@@ -85,6 +85,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     for stop strings (default: the target's tokenizer). policy: None uses a SpeculationPolicy.
     prefill: "shared" or "separate" (prefill.py); None chooses by device. dspark: the target's
     DSpark checkpoint (drafters/dspark), which the `dspark` drafter runs (feature_rows.py).
+    pack_linear: the linear layers of a ragged forward take the rows' real tokens only, not the
+    padding to the widest row (modeling.py `Packing`; opt-in: it changes logits' low bits).
     """
 
     def __init__(
@@ -98,6 +100,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         solo_prefill_chunk: int = 256,
         prefill: str | None = None,
         dspark: DSparkModel | None = None,
+        pack_linear: bool = False,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
@@ -130,8 +133,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
             vocab = min(target.get_input_embeddings().num_embeddings, self.draft_vocab or self.vocab_width)
             profile_step_costs(self.policy, target, draft, max_rows, self.context_length,
                                self.draft_context, vocab)
-        self.target_cache = RaggedCache(target)
-        self.draft_cache = RaggedCache(draft) if draft is not None else None
+        self.pack_linear = pack_linear
+        self.target_cache = RaggedCache(target, packed=pack_linear)
+        self.draft_cache = RaggedCache(draft, packed=pack_linear) if draft is not None else None
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()

@@ -42,8 +42,8 @@ class PrefillLane:
     def _init_prefill_lane(self) -> None:
         self.lane_rows: list[BatchRow] = []  # lane target cache row i is lane_rows[i]
         self.lane_draft_rows: list[BatchRow] = []  # lane draft cache row i is lane_draft_rows[i]
-        self.lane_target_cache = RaggedCache(self.target)
-        self.lane_draft_cache = RaggedCache(self.draft) if self.draft is not None else None
+        self.lane_target_cache = RaggedCache(self.target, packed=self.pack_linear)
+        self.lane_draft_cache = RaggedCache(self.draft, packed=self.pack_linear) if self.draft is not None else None
         self._lane_ready: list[BatchRow] = []  # this step's rows whose prompt is cached
 
     def _enter_lane(self, row: BatchRow) -> None:

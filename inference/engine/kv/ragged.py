@@ -41,8 +41,11 @@ class RowInput:
 class RaggedCache:
     """A batched KV cache whose rows hold sequences of different lengths."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, packed: bool = False) -> None:
         self.model = model
+        # the linear layers take the real tokens only, not the padding (modeling.py `Packing`):
+        # opt-in, as it changes low bits (see `Packing`)
+        self.packed = packed
         self.cache = new_cache(model)
         # [rows, L] which slots hold a token of the row's sequence
         self.slots = torch.zeros(0, 0, dtype=torch.bool)
@@ -248,8 +251,9 @@ class RaggedCache:
             input_ids, position_ids, new_slots, mask = self._ragged_inputs(inputs, new)
         # [rows, new, vocab]
         last_index = torch.tensor([max(len(item.token_ids) - 1, 0) for item in inputs], device=device)
+        packing = {"token_mask": new_slots.to(device)} if self.packed else {}
         output = forward_batch_logits(self.model, input_ids.to(device), self.cache, mask,
-                                      position_ids.to(device), logits, last_index)
+                                      position_ids.to(device), logits, last_index, **packing)
         self.slots = torch.cat((self.slots, new_slots), dim=1)
         self.last_start = width
         if logits == "none":

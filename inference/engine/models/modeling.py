@@ -89,8 +89,14 @@ def _lean_hidden(
     attention_mask: torch.Tensor | None,
     # [rows, new_tokens] or None
     position_ids: torch.Tensor | None,
+    # [rows, new_tokens] which slots hold a real token (the rest pad a row to the widest); None: all
+    token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The decoder stack of a Llama-family model, called module by module; [rows, new, hidden]."""
+    """The decoder stack of a Llama-family model, called module by module; [rows, new, hidden].
+
+    With a `token_mask` that has holes, the linear layers run on the real tokens only (`Packing`):
+    a row padded to the widest costs its own tokens there, not the widest row's.
+    """
     inner = model.model
     hidden = inner.embed_tokens(input_ids)
     new_tokens = input_ids.shape[1]
@@ -103,6 +109,7 @@ def _lean_hidden(
         attention_mask = attention_mask.triu_(past + 1)[None, None]
     position_embeddings = inner.rotary_emb(hidden, position_ids=position_ids)
     tap = active_tap(model)  # a feature-conditioned drafter's layers (features.py), else None
+    packing = Packing.of(token_mask)
     if tap is not None:
         tap.record(EMBEDDING_LAYER, hidden)
     for index, (layer, cache_layer) in enumerate(zip(inner.layers[: model.config.num_hidden_layers],
@@ -111,14 +118,54 @@ def _lean_hidden(
             hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
                            position_ids=position_ids, cache=cache, use_cache=True)
         else:
-            hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer)
+            hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer, packing)
         if tap is not None:
             tap.record(index, hidden)
     return inner.norm(hidden)
 
 
+class Packing:
+    """The real tokens of a padded [rows, new] forward, for running linear layers on them alone.
+
+    Rows of a ragged forward are padded to the widest (kv/ragged.py); on a CPU the linear layers
+    (about half a step) cost per token, so a padded slot costs as much as a real one. Here they
+    take the real tokens only, gathered into one [tokens, in] matrix, and scatter their output
+    back (zeros in the padding, whose keys no real token attends to). DSpark's deployment
+    flattens tokens across requests the same way.
+
+    Not bit for bit the padded forward's values: MKL's GEMM on this CPU computes rows in blocks
+    of four and the rows of a last, partial block by another path, so a row's low bits depend on
+    where the row count puts it (measured: the first m rows of an M-row product equal an m-row
+    product for m = 4, 8, 12, ... and differ for m = 1-3, 5-7). Packing moves rows between the
+    two paths, so logits move by an ulp or so; greedy outputs and the sampling tests do not
+    (tests/inference/engine/test_packed_forward.py). Hence opt-in (`RaggedCache(packed=True)`,
+    the engine's `pack_linear`) until every product runs in whole blocks.
+    """
+
+    def __init__(self, index: torch.Tensor, slots: int) -> None:
+        self.index = index  # [tokens] flat indices of the real tokens among rows * new slots
+        self.slots = slots
+
+    @classmethod
+    def of(cls, token_mask: torch.Tensor | None) -> Packing | None:
+        if token_mask is None or bool(token_mask.all()):
+            return None
+        return cls(token_mask.reshape(-1).nonzero()[:, 0], token_mask.numel())
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, new, d] -> [tokens, d]"""
+        return x.reshape(self.slots, x.shape[-1]).index_select(0, self.index)
+
+    def scatter(self, packed: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """[tokens, d] -> [rows, new, d] (zeros in the padding), `like`'s leading shape."""
+        full = packed.new_zeros(self.slots, packed.shape[-1])
+        full.index_copy_(0, self.index, packed)
+        return full.view(*like.shape[:-1], packed.shape[-1])
+
+
 def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
-                position_embeddings: tuple[torch.Tensor, torch.Tensor], cache_layer) -> torch.Tensor:
+                position_embeddings: tuple[torch.Tensor, torch.Tensor], cache_layer,
+                packing: Packing | None = None) -> torch.Tensor:
     """One Llama/Qwen2 decoder layer, the same ops as its `forward` but attention with `enable_gqa`.
 
     transformers' SDPA path expands the cached keys and values to every query head (`repeat_kv`,
@@ -127,7 +174,13 @@ def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: to
     bit for bit without the copy (tests/inference/engine/test_modeling.py).
     """
     attention = layer.self_attn
-    linear = linear_kernels().linear  # module(x), on oneDNN for large row counts where it is exact
+    kernels = linear_kernels().linear  # module(x), on oneDNN for large row counts where it is exact
+
+    def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if packing is None:
+            return kernels(module, x)
+        return packing.scatter(kernels(module, packing.gather(x)), x)
+
     residual = hidden
     hidden = layer.input_layernorm(hidden)
     input_shape = hidden.shape[:-1]
@@ -146,6 +199,10 @@ def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: to
     residual = hidden
     hidden = layer.post_attention_layernorm(hidden)
     mlp = layer.mlp  # LlamaMLP / Qwen2MLP: down(act(gate(x)) * up(x))
+    if packing is not None:  # the whole MLP on the real tokens, one gather and one scatter
+        packed = packing.gather(hidden)
+        return residual + packing.scatter(
+            kernels(mlp.down_proj, mlp.act_fn(kernels(mlp.gate_proj, packed)) * kernels(mlp.up_proj, packed)), hidden)
     return residual + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, hidden)) * linear(mlp.up_proj, hidden))
 
 
@@ -182,6 +239,8 @@ def forward_batch_logits(
     logits: str = "all",
     # [rows] the index of each row's last new token (logits="last")
     last_index: torch.Tensor | None = None,
+    # [rows, new_tokens] which slots hold a real token; None: every slot (see `Packing`)
+    token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Run a batch of rows (ragged underneath: the mask says what each token sees); [rows, new, vocab].
 
@@ -190,7 +249,7 @@ def forward_batch_logits(
     "none" fills the cache only (a prefill chunk), the vocabulary projection skipped.
     """
     if supports_lean_forward(model):
-        hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids)
+        hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids, token_mask)
     else:
         hidden = None
         output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
@@ -202,7 +261,12 @@ def forward_batch_logits(
         if hidden is None:  # the model computed every position's logits: pick the last
             return output.logits[rows, last_index][:, None]
         return linear_kernels().linear(model.lm_head, hidden[rows, last_index][:, None])
-    return linear_kernels().linear(model.lm_head, hidden) if hidden is not None else output.logits
+    if hidden is None:
+        return output.logits
+    packing = Packing.of(token_mask)
+    if packing is not None:  # the padding's logits are never read: the real tokens' only
+        return packing.scatter(linear_kernels().linear(model.lm_head, packing.gather(hidden)), hidden)
+    return linear_kernels().linear(model.lm_head, hidden)
 
 
 def forward_logits(
