@@ -10,7 +10,10 @@ vLLM's `--max-concurrency`), by:
   (a) sequential   today's path before batching: one SpeculativeDecoder (draft model, gamma 4)
                    per request, one request at a time;
   (b) plain_batch  the batched engine with no speculation (drafter "none");
-  (c) spec_batch   the batched engine with the draft model and the speculation policy on;
+  (c) spec_batch   the batched engine with speculation and its scheduler on, with each drafter
+                   the target has (`spec_<drafter>`: draft_model, ngram, dspark when the target
+                   has a DSpark checkpoint, and auto, where the policy picks); spec_batch is the
+                   best of them at that concurrency;
   (d) hf_static    Hugging Face `model.generate` on left-padded batches of c prompts, one
                    batch after another (static batching), the outside reference.
 Aggregate tok/s = all tokens / wall time; TTFT = time from arrival to a request's first token;
@@ -25,6 +28,9 @@ run, nothing between them, bench/serving_ceiling.py) over the baselines as measu
 Last line:
 RESULT batch8_over_sequential=<x> spec_over_plain_batch1=<x> spec_over_plain_batch8=<x>
        ours_over_hf_batch8=<x> greedy_identical_batched=<bool> api_concurrency8_over_1=<x>
+       spec_over_plain_batch16=<x> dspark_tau_over_chain_t1=<x>
+dspark_tau_over_chain_t1: DSpark's accepted length (bonus token included) over the draft-model
+chain's at the same block, T = 1, one-at-a-time over the prompts (absent without a checkpoint).
 """
 
 from __future__ import annotations
@@ -156,17 +162,52 @@ def run_hf_static(target, tokenizer, prompts, max_new_tokens, concurrency: int |
     return run
 
 
-def engine_table(args, target, draft, tokenizer, prompts) -> tuple[dict[tuple[str, int], Run], list[float]]:
+def spec_drafters(args, dspark) -> list[str]:
+    """The drafters the spec_batch runs compare: those asked for that this target can run."""
+    wanted = [name.strip() for name in args.drafters.split(",") if name.strip()]
+    return [name for name in wanted if name != "dspark" or dspark is not None]
+
+
+def load_dspark_checkpoint(args, target):
+    directory = Path(args.dspark or Path(args.model_dir) / "demo-target-dspark")
+    if not (directory / "config.json").is_file():
+        print(f"  no DSpark checkpoint at {directory}: dspark is not measured", flush=True)
+        return None
+    from inference.engine.drafters.dspark import load_dspark
+
+    return load_dspark(directory, target)
+
+
+def dspark_tau_over_chain(target, draft, dspark, prompts, max_new_tokens: int) -> float:
+    """Mean accepted length (bonus included) of DSpark over the draft-model chain, same block, T = 1."""
+    taus = []
+    for kind in ("dspark", "draft_model"):
+        decoder = SpeculativeDecoder(target, build_drafter(kind, target, draft, DraftConfig(length=dspark.block_size),
+                                                           dspark=dspark))
+        accepted = steps = 0
+        for index, prompt in enumerate(prompts):
+            decoder.generate(prompt, GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0, seed=index,
+                                                      eos_token_id=NO_EOS))
+            accepted, steps = accepted + decoder.stats.accepted, steps + decoder.stats.steps
+        taus.append((accepted + steps) / max(steps, 1))
+    return taus[0] / taus[1]
+
+
+def engine_table(args, target, draft, tokenizer, prompts, dspark=None
+                 ) -> tuple[dict[tuple[str, int], Run], list[float]]:
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=NO_EOS)
     policy = SpeculationPolicy(max_depth=8)
     prefill = None if args.prefill == "auto" else args.prefill
     spec_engine = BatchedSpeculativeEngine(target, draft, decode=tokenizer.decode, policy=policy,
-                                           max_rows=max(args.concurrency), prefill=prefill)
+                                           max_rows=max(args.concurrency), prefill=prefill, dspark=dspark,
+                                           pack_linear=args.pack_linear)
+    drafters = spec_drafters(args, dspark)
     plain_engine = BatchedSpeculativeEngine(target, draft, decode=tokenizer.decode,
                                             max_rows=max(args.concurrency), prefill=prefill)
     # warm-up: every method once at a small batch, and the policy's cost model on real shapes
     warm = [prompts[0], prompts[1 % len(prompts)]]
-    run_batched("warm", spec_engine, warm * 4, generation, "draft_model", args.gamma)
+    for drafter in drafters:
+        run_batched("warm", spec_engine, warm * 4, generation, drafter, args.gamma)
     run_batched("warm", plain_engine, warm, generation, "none", args.gamma)
     run_sequential(target, draft, warm[:1], GenerationConfig(max_new_tokens=8, eos_token_id=NO_EOS),
                    args.gamma)
@@ -180,10 +221,11 @@ def engine_table(args, target, draft, tokenizer, prompts) -> tuple[dict[tuple[st
                 "sequential": lambda: run_sequential(target, draft, batch, generation, args.gamma, c),
                 "plain_batch": lambda: run_batched("plain_batch", plain_engine, batch, generation,
                                                    "none", args.gamma, c),
-                "spec_batch": lambda: run_batched("spec_batch", spec_engine, batch, generation,
-                                                  "draft_model", args.gamma, c),
                 "hf_static": lambda: run_hf_static(target, tokenizer, batch, args.max_new_tokens, c),
             }
+            for drafter in drafters:
+                candidates[f"spec_{drafter}"] = (lambda drafter=drafter: run_batched(
+                    f"spec_{drafter}", spec_engine, batch, generation, drafter, args.gamma, c))
             for name, measure in candidates.items():
                 if name == "sequential" and c > args.sequential_max:
                     continue
@@ -191,9 +233,12 @@ def engine_table(args, target, draft, tokenizer, prompts) -> tuple[dict[tuple[st
                 best = runs.get((name, c))
                 if best is None or run.tokens_per_second > best.tokens_per_second:
                     runs[(name, c)] = run
+        best = max((runs[(f"spec_{drafter}", c)] for drafter in drafters), key=lambda run: run.tokens_per_second)
+        runs[("spec_batch", c)] = best
         print(f"  c={c}: " + ", ".join(f"{name} {runs[(name, c)].tokens_per_second:.0f} tok/s"
-                                       for name in ("sequential", "plain_batch", "spec_batch",
-                                                    "hf_static") if (name, c) in runs), flush=True)
+                                       for name in ("sequential", "plain_batch", *(f"spec_{d}" for d in drafters),
+                                                    "hf_static") if (name, c) in runs)
+              + f"; spec_batch = {best.name}", flush=True)
     rates = {kind: [round(t.rate(i), 2) for i in range(4)] for kind, t in policy.acceptance.items()}
     print(f"  policy: acceptance by position {rates}", flush=True)
     tracker = policy.acceptance.get("draft_model")
@@ -202,13 +247,13 @@ def engine_table(args, target, draft, tokenizer, prompts) -> tuple[dict[tuple[st
 
 
 def print_table(runs: dict[tuple[str, int], Run]) -> None:
-    print(f"{'method':<12} {'c':>3} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
+    print(f"{'method':<17} {'c':>3} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p95':>9} "
           f"{'ITL p50':>8} {'ITL p95':>8}   (ms)")
 
     def ms(value):
         return f"{value * 1000:.1f}" if value is not None else "-"
     for (name, c), run in sorted(runs.items(), key=lambda item: (item[0][1], item[0][0])):
-        print(f"{name:<12} {c:>3} {run.tokens_per_second:>8.1f} {ms(percentile(run.ttft, .5)):>9} "
+        print(f"{name:<17} {c:>3} {run.tokens_per_second:>8.1f} {ms(percentile(run.ttft, .5)):>9} "
               f"{ms(percentile(run.ttft, .95)):>9} {ms(percentile(run.itl, .5)):>8} "
               f"{ms(percentile(run.itl, .95)):>8}")
 
@@ -217,7 +262,7 @@ def greedy_identical(runs: dict[tuple[str, int], Run], reference: dict[int, list
                      prompts_for) -> bool:
     """Every batched output equals the same prompt's output from the one-at-a-time decoder."""
     for (name, c), run in runs.items():
-        if name not in ("plain_batch", "spec_batch"):
+        if name != "plain_batch" and not name.startswith("spec_"):
             continue
         for index, output in enumerate(run.outputs):
             if output != reference[prompts_for(index)]:
@@ -262,6 +307,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the engine's linear products: oneDNN where measured exact and faster "
                              "(the workers' default, SPECOPS_ONEDNN_LINEAR), or torch's own everywhere")
     parser.add_argument("--skip-api", action="store_true", help="engine figures only")
+    parser.add_argument("--drafters", default="draft_model,ngram,dspark,auto",
+                        help="the drafters spec_batch compares (dspark only where a checkpoint exists)")
+    parser.add_argument("--dspark", help="DSpark checkpoint (default: MODEL_DIR/demo-target-dspark)")
+    parser.add_argument("--pack-linear", action="store_true",
+                        help="spec_batch's engine packs its linear layers (SPECOPS_PACK_LINEAR)")
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
     parser.add_argument("--api-requests", type=int, default=16)
@@ -310,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"serving bench: demo pair on {args.device}, {len(prompts)} prompts, "
           f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}, "
           f"linear kernels {args.linear_kernels}", flush=True)
-    runs, acceptance = engine_table(args, target.model, draft.model, tokenizer, prompts)
+    dspark = load_dspark_checkpoint(args, target.model)
+    runs, acceptance = engine_table(args, target.model, draft.model, tokenizer, prompts, dspark)
     print_table(runs)
     # the one-at-a-time decoder's output per prompt is the reference for greedy identity
     reference = {}
@@ -343,7 +394,11 @@ def main(argv: list[str] | None = None) -> int:
           f"spec_over_plain_batch8={tps('spec_batch', 8) / tps('plain_batch', 8):.2f} "
           f"ours_over_hf_batch8={tps('spec_batch', 8) / tps('hf_static', 8):.2f} "
           f"greedy_identical_batched={str(identical).lower()} "
-          f"api_concurrency8_over_1={api_ratio:.2f}")
+          f"api_concurrency8_over_1={api_ratio:.2f}"
+          + (f" spec_over_plain_batch16={tps('spec_batch', 16) / tps('plain_batch', 16):.2f}"
+             if 16 in args.concurrency else "")
+          + (f" dspark_tau_over_chain_t1={dspark_tau_over_chain(target.model, draft.model, dspark, prompts[:8], args.max_new_tokens):.2f}"
+             if dspark is not None else ""))
     return 0
 
 

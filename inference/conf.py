@@ -26,6 +26,9 @@ SETTINGS = (
     Setting("SPECOPS_ONEDNN_LINEAR", bool, True,
             "run large linear products on oneDNN where measured bit-exact and faster than torch's BLAS "
             "(inference/engine/models/linear_kernels.py; off: torch's own everywhere)"),
+    Setting("SPECOPS_PACK_LINEAR", bool, False,
+            "the linear layers of a batch forward take each row's real tokens only, not the padding to the "
+            "widest row (faster with uneven verify lengths; changes logits' low bits, hence off by default)"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
     Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),

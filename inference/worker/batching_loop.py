@@ -121,7 +121,8 @@ class DeviceBatchLoop:
                 job.target, job.draft, decode=job.target.tokenizer.decode,
                 policy=SpeculationPolicy(enabled=self.policy_enabled),
                 max_rows=self.max_rows, prefill_chunk=self.prefill_chunk or None,
-                prefill=None if conf.PREFILL == "auto" else conf.PREFILL, dspark=job.dspark)
+                prefill=None if conf.PREFILL == "auto" else conf.PREFILL, dspark=job.dspark,
+                pack_linear=conf.PACK_LINEAR)
             self.engines[job.pair] = engine
         return engine
 
