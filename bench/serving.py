@@ -238,7 +238,7 @@ def engine_table(args, target, draft, tokenizer, prompts, dspark=None
         print(f"  c={c}: " + ", ".join(f"{name} {runs[(name, c)].tokens_per_second:.0f} tok/s"
                                        for name in ("sequential", "plain_batch", *(f"spec_{d}" for d in drafters),
                                                     "hf_static") if (name, c) in runs)
-              + f"; spec_batch = {best.name}", flush=True)
+              + f"; spec_batch = {best.method}", flush=True)
     rates = {kind: [round(t.rate(i), 2) for i in range(4)] for kind, t in policy.acceptance.items()}
     print(f"  policy: acceptance by position {rates}", flush=True)
     tracker = policy.acceptance.get("draft_model")
