@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
+STEP_COST_EXPORT_EVERY = 200  # steps between two exports of the step-cost table (metrics.observe_step_costs)
 
 
 class DeviceBatchLoop:
@@ -232,6 +233,8 @@ class DeviceBatchLoop:
         if engine.last_decision is not None:
             running = sum(len(other.rows) for other in self.engines.values())
             metrics.observe_policy_decision(engine.last_decision.depth, running)
+        if engine.steps % STEP_COST_EXPORT_EVERY == 1:  # the first step, then every so often
+            metrics.observe_step_costs({"target": engine.policy.target_costs, "draft": engine.policy.draft_costs})
         if tracing.enabled():
             self._trace_step(engine, events)
         self._record(events)

@@ -270,6 +270,27 @@ def observe_speculation(
             accepted_child.inc(accepted)
 
 
+STEP_COST_ESTIMATE = Gauge(
+    "specops_step_cost_estimate_seconds",
+    "The engine's step-cost table: estimated seconds of one forward by model, rows and new tokens per row "
+    "(profiled when the engine starts, refreshed from the steps it runs).",
+    ["model", "rows", "tokens"],
+)
+# The table's cells exported: the row counts and widths a scheduler weighs most often.
+STEP_COST_ROWS = (1, 4, 8, 16)
+STEP_COST_TOKENS = (1, 2, 4, 8)
+
+
+def observe_step_costs(costs: dict[str, object]) -> None:
+    """Export the engine's cost models (`{"target": ForwardCostModel, "draft": ...}`) as a table."""
+    for model, cost_model in costs.items():
+        if not getattr(cost_model, "observations", None):
+            continue
+        for rows in STEP_COST_ROWS:
+            for tokens in STEP_COST_TOKENS:
+                STEP_COST_ESTIMATE.labels(model, str(rows), str(tokens)).set(cost_model.estimate(rows, tokens))
+
+
 def observe_policy_decision(depth: int, rows: int) -> None:
     """Record one step's policy decision: how far it drafted and how many rows ran."""
     POLICY_DEPTH.labels(str(max(0, min(depth, MAX_POSITION)))).inc()

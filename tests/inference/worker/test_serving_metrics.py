@@ -19,6 +19,7 @@ from inference.worker.metrics import (
     observe_policy_decision,
     observe_request,
     observe_schedule,
+    observe_step_costs,
     observe_speculation,
     observe_writer_backlog,
 )
@@ -140,6 +141,20 @@ def test_observe_schedule_counts_steps_by_length_and_the_estimates_against_the_a
     assert "1" not in label_values("specops_scheduled_verify_steps_total", "length", drafter=drafter)
     assert sample("specops_scheduled_expected_tokens_total", drafter=drafter) == 4.5
     assert sample("specops_scheduled_accepted_tokens_total", drafter=drafter) == 3
+
+
+def test_the_step_cost_table_is_exported_from_the_engines_cost_models():
+    from inference.engine.batch.policy import ForwardCostModel
+
+    target, empty = ForwardCostModel(), ForwardCostModel()
+    for rows, tokens, seconds in ((1, 1, 0.010), (4, 1, 0.016), (4, 5, 0.040), (1, 5, 0.016)):
+        target.observe(rows, tokens, seconds)
+    observe_step_costs({"target": target, "draft": empty})
+    one = sample("specops_step_cost_estimate_seconds", model="target", rows="1", tokens="1")
+    wide = sample("specops_step_cost_estimate_seconds", model="target", rows="16", tokens="8")
+    assert one == pytest.approx(target.estimate(1, 1)) and wide == pytest.approx(target.estimate(16, 8))
+    assert wide > one
+    assert "draft" not in label_values("specops_step_cost_estimate_seconds", "model")  # nothing measured
 
 
 def test_positions_past_the_cap_count_in_the_totals_only(drafter):
