@@ -30,7 +30,7 @@ from django.utils.html import format_html, format_html_join
 
 from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
-from inference.models import ModelVersion, VersionStatus
+from inference.models import CanaryMismatch, ModelVersion, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.generations import GenerationRefused, submit_generation
 from metadata import admin as metadata_admin
@@ -301,3 +301,36 @@ def _mb(value) -> str:
 
 def _num(value, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+@admin.register(CanaryMismatch)
+class CanaryMismatchAdmin(admin.ModelAdmin):
+    """What the losslessness canary found (inference/worker/canary.py): read-only, never deleted here."""
+
+    list_display = ("created_at", "model", "drafter", "session_link", "first_difference")
+    list_filter = ("model", "drafter")
+    search_fields = ("=session_id",)
+    readonly_fields = ("created_at", "model", "drafter", "session_link", "first_difference", "where",
+                       "served_text", "replayed_text", "served_tokens", "replayed_tokens")
+    exclude = ("session_id", "session_created_at")
+
+    @admin.display(description="session")
+    def session_link(self, mismatch: CanaryMismatch) -> str:
+        url = reverse("admin:metadata_session_change", args=[mismatch.session_id])
+        return format_html('<a href="{}">{}</a>', url, mismatch.session_id)
+
+    @admin.display(description="where they part")
+    def where(self, mismatch: CanaryMismatch) -> str:
+        at = mismatch.first_difference
+        served, replayed = mismatch.served_tokens[at:at + 1], mismatch.replayed_tokens[at:at + 1]
+        return format_html("position {}: served {} where the target alone gives {}", at,
+                           served or "nothing", replayed or "nothing")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

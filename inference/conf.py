@@ -26,6 +26,9 @@ SETTINGS = (
     Setting("SPECOPS_ONEDNN_LINEAR", bool, True,
             "run large linear products on oneDNN where measured bit-exact and faster than torch's BLAS "
             "(inference/engine/models/linear_kernels.py; off: torch's own everywhere)"),
+    Setting("SPECOPS_CANARY_SHARE", float, 0.01,
+            "share of finished greedy generations the losslessness canary replays target-only and compares "
+            "token for token (inference/worker/canary.py; 0 turns it off)"),
     Setting("SPECOPS_PACK_LINEAR", bool, False,
             "the linear layers of a batch forward take each row's real tokens only, not the padding to the "
             "widest row (faster with uneven verify lengths; changes logits' low bits, hence off by default)"),

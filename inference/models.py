@@ -20,6 +20,32 @@ class ModelRole(models.TextChoices):
     DRAFT = "draft"
 
 
+class CanaryMismatch(models.Model):
+    """A finished generation whose target-only replay gave other tokens: speculation was not lossless.
+
+    Written by the losslessness canary (``inference.canary``) and never dropped: each row names the
+    session, its model and drafter, both token lists and texts, and the first position they differ.
+    """
+
+    session_id = models.UUIDField(db_index=True)
+    session_created_at = models.DateTimeField()
+    model = models.CharField(max_length=160, help_text="The target, as name:version.")
+    drafter = models.CharField(max_length=16)
+    first_difference = models.PositiveIntegerField(help_text="The first position where the two outputs differ.")
+    served_tokens = models.JSONField(default=list)
+    replayed_tokens = models.JSONField(default=list)
+    served_text = models.TextField(blank=True, default="")
+    replayed_text = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "losslessness canary mismatch"
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.drafter} session {self.session_id} @ {self.first_difference}"
+
+
 class VersionStatus(models.TextChoices):
     STAGED = "staged"
     ACTIVE = "active"

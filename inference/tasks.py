@@ -24,6 +24,16 @@ def generate(session_id: str) -> str:
         return run_session(session_id, submit=lambda job: device_loop().submit(job))
 
 
+@shared_task(name="inference.canary_replay", ignore_result=True, acks_late=True)
+def canary_replay(session_id: str) -> str:
+    """Replay a finished generation target-only and compare (inference/worker/canary.py); on its device queue."""
+    from inference.worker.canary import replay
+    from metadata.replicas.lsn import primary_only
+
+    with primary_only():  # the session ended a moment ago: a replica may not have replayed its rows
+        return replay(session_id)
+
+
 @shared_task(name="inference.reconcile_sessions", queue=MAINTENANCE_QUEUE, ignore_result=True,
              soft_time_limit=60, time_limit=90)
 def reconcile_sessions() -> dict:

@@ -36,9 +36,8 @@ from django.db.models.functions import Now
 
 from core import latency_budget
 from inference.conf import conf
-from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
 from inference.engine.batch.engine import BatchRequest
-from inference.worker import metrics, suffix_feed
+from inference.worker import canary, metrics, suffix_feed
 from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
@@ -48,6 +47,7 @@ from inference.worker.fencing import (
 )
 from inference.worker.recorder import SessionRecorder, pg_text
 from inference.worker.residency import residency
+from inference.worker.session_params import draft_config, generation_config
 from inference.worker.session_job import SessionEnd, SessionJob
 from metadata.models import Session, SessionStatus, TokenRecord
 from metadata.sessions import token_stream
@@ -67,19 +67,6 @@ GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this mo
 # -- claim --------------------------------------------------------------------------------
 
 # -- prepare ------------------------------------------------------------------------------
-
-def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfig:
-    """The engine's config from the session's stored parameters; a parameter an older row lacks
-    takes ``GenerationConfig``'s own default (the one home of request defaults)."""
-    given = {name: params[name] for name in ("temperature", "top_k", "top_p", "seed") if name in params}
-    return GenerationConfig(max_new_tokens=params["max_new_tokens"], stop_strings=tuple(params.get("stop", ())),
-                            eos_token_id=eos_token_id, **given)
-
-
-def draft_config(drafter: str, params: dict) -> DraftConfig:
-    """The drafter's settings from the request's parameters (older rows may carry extra keys)."""
-    return DRAFTERS[drafter].draft_config(params, strict=False)
-
 
 def committed_tokens(session: Session) -> tuple[list[int], int]:
     """The session's committed tokens (the gap-free prefix from position 0) and the next step."""
@@ -298,6 +285,8 @@ def write_outcome(end: SessionEnd) -> str | None:
 
             prediction_cache.remember_result(job.session, text=end.text, token_count=len(recorder.token_ids),
                                              finish_reason=end.finish_reason, stats=end.stats or {})
+            job.session.status = written
+            canary.offer(job.session)  # a share of greedy generations is replayed target-only
     except Exception as error:
         logger.exception("recording the end of session %s failed", job.session.pk)
         close_old_connections()

@@ -226,6 +226,17 @@ def observe_forward(kind: str, rows: int, tokens: int, seconds: float) -> None:
     FORWARD_SECONDS.labels(kind).observe(seconds)
 
 
+CANARY_REPLAYS = Counter(
+    "specops_canary_replays_total",
+    "Finished generations the losslessness canary replayed target-only, by outcome (match, mismatch, skipped).",
+    ["outcome"],
+)
+
+
+def observe_canary(outcome: str) -> None:
+    CANARY_REPLAYS.labels(outcome).inc()
+
+
 def observe_schedule(drafter: str, verified_lengths: Sequence[int], expected: float, accepted: int) -> None:
     """Add a generation's scheduled steps: ``verified_lengths[L]`` steps verified L draft positions."""
     for length, steps in enumerate(verified_lengths[: MAX_POSITION + 1]):

@@ -1,0 +1,18 @@
+"""A session's stored parameters as the engine's configs: what a run (lifecycle.py) and a replay
+(canary.py) both build from the same row."""
+from __future__ import annotations
+
+from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
+
+
+def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfig:
+    """The engine's config from the session's stored parameters; a parameter an older row lacks
+    takes ``GenerationConfig``'s own default (the one home of request defaults)."""
+    given = {name: params[name] for name in ("temperature", "top_k", "top_p", "seed") if name in params}
+    return GenerationConfig(max_new_tokens=params["max_new_tokens"], stop_strings=tuple(params.get("stop", ())),
+                            eos_token_id=eos_token_id, **given)
+
+
+def draft_config(drafter: str, params: dict) -> DraftConfig:
+    """The drafter's settings from the request's parameters (older rows may carry extra keys)."""
+    return DRAFTERS[drafter].draft_config(params, strict=False)
