@@ -55,7 +55,9 @@ def logits_width(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 
-_LEAN_MODEL_TYPES = frozenset({"llama", "qwen2"})
+# Families whose decoder layers `_lean_layer` runs op for op: Llama's layout, plus Qwen3's per-head
+# RMSNorm of queries and keys (DeepSpec's DSpark targets are Qwen3) and Mistral's (without a window).
+_LEAN_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral"})
 _lean_support: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -74,6 +76,7 @@ def supports_lean_forward(model: PreTrainedModel) -> bool:
                     for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             and isinstance(getattr(model, "lm_head", None), torch.nn.Linear)
             and not getattr(config, "use_sliding_window", False)
+            and not (config.model_type == "mistral" and getattr(config, "sliding_window", None))
             and layer_types == {"full_attention"}
         )
         _lean_support[model] = supported
@@ -185,8 +188,11 @@ def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: to
     hidden = layer.input_layernorm(hidden)
     input_shape = hidden.shape[:-1]
     head_shape = (*input_shape, -1, attention.head_dim)
-    query = linear(attention.q_proj, hidden).view(head_shape).transpose(1, 2)
-    key = linear(attention.k_proj, hidden).view(head_shape).transpose(1, 2)
+    query = linear(attention.q_proj, hidden).view(head_shape)
+    key = linear(attention.k_proj, hidden).view(head_shape)
+    if getattr(attention, "q_norm", None) is not None:  # Qwen3: RMSNorm per head, before the rotation
+        query, key = attention.q_norm(query), attention.k_norm(key)
+    query, key = query.transpose(1, 2), key.transpose(1, 2)
     value = linear(attention.v_proj, hidden).view(head_shape).transpose(1, 2)
     cos, sin = position_embeddings
     query, key = _rotary_function(attention)(query, key, cos, sin)

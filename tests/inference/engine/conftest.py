@@ -20,6 +20,10 @@ from transformers import (
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
 )
 
 ARCHS = ("gpt2", "llama", "qwen2")
@@ -42,16 +46,22 @@ def _config(arch: str, vocab_size: int, hidden: int, layers: int, context: int):
         return GPT2Config(vocab_size=vocab_size, n_embd=hidden, n_layer=layers, n_head=4,
                           n_positions=context, bos_token_id=0, eos_token_id=1,
                           tie_word_embeddings=False)
-    family = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
+    family = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config, "mistral": MistralConfig}[arch]
     return family(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=context, bos_token_id=0, eos_token_id=1,
-                  tie_word_embeddings=False)
+                  tie_word_embeddings=False, **_FAMILY_EXTRAS.get(arch, lambda hidden: {})(hidden))
+
+
+# Fields a family needs beyond the shared ones: Qwen3's head size is its own (default 128), and
+# Mistral's window is left off (the lean path refuses a sliding window).
+_FAMILY_EXTRAS = {"qwen3": lambda hidden: {"head_dim": hidden // 4}, "mistral": lambda hidden: {"sliding_window": None}}
 
 
 def _build(arch: str, seed: int, dtype: torch.dtype, vocab_size: int, hidden: int, layers: int,
            context: int, logit_scale: float) -> PreTrainedModel:
-    cls = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}[arch]
+    cls = {"gpt2": GPT2LMHeadModel, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM,
+           "qwen3": Qwen3ForCausalLM, "mistral": MistralForCausalLM}[arch]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls._from_config(_config(arch, vocab_size, hidden, layers, context),

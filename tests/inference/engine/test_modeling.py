@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import DynamicLayer
 
 from inference.engine import GenerationConfig
@@ -32,7 +32,7 @@ def _wrapped(model, tokens, cache, keep, mask=None, positions=None):
     return output.logits[0]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_lean_forward_matches_the_wrapped_forward(arch):
     model = target_model(arch, torch.float32)
     assert supports_lean_forward(model)
@@ -60,6 +60,10 @@ def test_lean_forward_is_only_used_where_it_is_known_to_be_exact():
         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
         max_window_layers=0))
     assert not supports_lean_forward(sliding)
+    windowed = MistralForCausalLM(MistralConfig(
+        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=8))
+    assert not supports_lean_forward(windowed)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -76,7 +80,7 @@ def test_plain_loop_equals_hf_generate_greedy(arch):
         assert ours == theirs[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
 def test_lean_attention_equals_transformers_grouped_query_sdpa_bit_for_bit(arch, monkeypatch):
     """Ragged batches (a mask, 1 or several new tokens a row) in float32, where SDPA's fused CPU
     kernel runs: the lean layer (SDPA's `enable_gqa`, keys appended in place) gives the logits of
