@@ -34,11 +34,18 @@ row, one on a narrower row is free. Under padding the pair-by-pair rule degenera
 pair that widens the forward must pay for every row's extra column alone (at 8 rows on this
 CPU a verify column costs ~15 % of a step, so a pair of survival 0.9, +11 % tokens, never
 does) and nothing is ever verified, although the whole level (every row's position j) would
-pay. `schedule_levels` is the same first-drop rule with levels as the unit: level j (every
-row's position j, where its position j - 1 was admitted) is admitted while tau / seconds
-grows; its pairs ride in the width the level pays for. It is non-anticipating for the same
-reason: level j is decided from a_{., j}, which depend on tokens before j only, and the stop
-after it from level j + 1's. `schedule` picks the rule by the cost's kind.
+pay. `schedule_levels` is the same first-drop rule with levels as the unit: at level j the
+rows whose position j - 1 was admitted offer their pairs (r, j), most likely first, and the
+level admits the best prefix of them (the one with the highest tau / seconds), if that beats
+the schedule so far; the first level that does not ends the schedule. With a padded forward
+every pair of a level rides in the width its first one pays for, so the level is admitted
+whole; with a partly packed one (`PaddedForwardCost.packed_share`: the engine's
+`pack_linear`, where the linear layers take real tokens only and attention stays padded) a
+pair also costs its own compute and an unlikely one stays out. It is non-anticipating for
+the same reason as the pair rule: the decision about (r, j) reads level j's estimates, which
+depend on tokens before j only (its own row's and other rows'), never a later position of its
+own row, and the stop after level j is decided from level j + 1's. `schedule` picks the rule
+by the cost's kind.
 """
 
 from __future__ import annotations
@@ -109,23 +116,25 @@ def schedule_levels(survival: Sequence[Sequence[float]], seconds: Callable[[list
     tokens = float(rows if base_tokens is None else base_tokens)
     cost = seconds(lengths)
     for level in range(1, max((len(row) for row in estimates), default=0) + 1):
-        # rows that reached the level, with a position there worth anything
-        joining = [row for row in range(rows) if lengths[row] == level - 1
-                   and len(estimates[row]) >= level and estimates[row][level - 1] > 0]
-        if not joining:
-            break
-        gain = sum(estimates[row][level - 1] for row in joining)
-        for row in joining:
+        # rows that reached the level, with a position there worth anything, most likely first
+        joining = sorted((row for row in range(rows) if lengths[row] == level - 1
+                          and len(estimates[row]) >= level and estimates[row][level - 1] > 0),
+                         key=lambda row: (-estimates[row][level - 1], row))
+        trial, gain = list(lengths), 0.0
+        best, best_tokens, best_cost = 0, tokens, cost
+        for count, row in enumerate(joining, start=1):
+            trial[row] = level
+            gain += estimates[row][level - 1]
+            trial_cost = seconds(trial)
+            # a better tau / seconds than the best so far (cross-multiplied: costs may be 0)
+            if (tokens + gain) * best_cost > best_tokens * trial_cost:
+                best, best_tokens, best_cost = count, tokens + gain, trial_cost
+        if best == 0:
+            break  # the first level that does not pay ends the schedule
+        for row in joining[:best]:
             lengths[row] = level
-        new_cost = seconds(lengths)
-        if not (tokens + gain) * cost > tokens * new_cost:
-            for row in joining:
-                lengths[row] = level - 1
-            break  # the first drop ends the schedule
-        tokens += gain
-        cost = new_cost
-        for row in joining:
             expected_accepted[row] += estimates[row][level - 1]
+        tokens, cost = best_tokens, best_cost
     return Schedule(lengths, tokens, cost, expected_accepted)
 
 
@@ -152,8 +161,11 @@ class PaddedForwardCost:
     feeds when it verifies L draft positions (its pending token plus the draft's nodes of depth
     <= L: a tree level counts all its nodes). floor_width: the widest row outside the schedule
     (a prefill chunk, a seeded row's own draft). fixed_seconds: what the step costs whatever
-    the lengths (the drafting already done, its Python overhead): counted, since the step's
-    throughput is its tokens over all its time.
+    the lengths (the drafting planned, its Python overhead): counted, since the step's
+    throughput is its tokens over all its time. packed_share: the share of a forward's time
+    that takes real tokens only (the linear layers under the engine's `pack_linear`; 0: all of
+    it padded), costed at the rows' mean real tokens, `other_tokens` being the real tokens of
+    the rows outside the schedule.
     """
 
     forward_seconds: ForwardSeconds
@@ -161,12 +173,19 @@ class PaddedForwardCost:
     row_tokens: list[list[int]]
     floor_width: int = 1
     fixed_seconds: float = 0.0
+    packed_share: float = 0.0
+    other_tokens: int = 0
 
     def width(self, lengths: list[int]) -> int:
         return max([self.floor_width] + [tokens[length] for tokens, length in zip(self.row_tokens, lengths)])
 
     def __call__(self, lengths: list[int]) -> float:
-        return self.fixed_seconds + self.forward_seconds(self.rows, self.width(lengths))
+        padded = self.forward_seconds(self.rows, self.width(lengths))
+        if not self.packed_share:
+            return self.fixed_seconds + padded
+        total = self.other_tokens + sum(tokens[length] for tokens, length in zip(self.row_tokens, lengths))
+        packed = self.forward_seconds(self.rows, total / max(self.rows, 1))
+        return self.fixed_seconds + (1 - self.packed_share) * padded + self.packed_share * packed
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ policy (cost models, acceptance trackers), the step's prompt chunk and `_context
    acceptance keeps over its own floor;
 2. after drafting, cuts each scheduled row's draft to the length the scheduler chose
    (`_schedule`, confidence_schedule.py) against the cost the forward will really have: rows
-   are padded to the widest (`PaddedForwardCost`, so the scheduler admits whole levels), the
-   drafting already planned counts as fixed;
+   are padded to the widest (`PaddedForwardCost`, so the scheduler admits whole levels), but
+   for the linear layers' share under `pack_linear`; the drafting planned counts as fixed;
 3. after verifying, teaches the draft_model chain calibration and records per row the length
    verified, the survival it expected and what was accepted (`_observe_schedule`).
 
@@ -32,6 +32,12 @@ from inference.engine.batch.policy import PolicyDecision
 from inference.engine.batch.rows import BatchRow
 from inference.engine.batch.survival import SurvivalEstimates
 from inference.engine.decode.draft_tree import DraftTree
+
+
+# The share of a forward's time in its linear layers, which take real tokens only under the
+# engine's `pack_linear` (attention stays padded): about half a step on this CPU
+# (../shared/DESIGN.md, "DSpark").
+LINEAR_SHARE = 0.5
 
 
 class ConfidenceScheduling:
@@ -178,7 +184,7 @@ class ConfidenceScheduling:
         """
         scheduled = [index for index, row in enumerate(self.rows) if id(row) in self._scheduled_ids]
         survival, row_tokens = [], []
-        floor_width, base_tokens = 1, 0.0
+        floor_width, base_tokens, other_tokens = 1, 0.0, 0
         for index, (row, tree) in enumerate(zip(self.rows, trees)):
             new = len(self._context_new(row))
             sampled = row.sampling is not None
@@ -188,10 +194,13 @@ class ConfidenceScheduling:
                 base_tokens += 1.0
                 continue
             floor_width = max(floor_width, new + len(tree))
+            other_tokens += new + len(tree)
             if row.can_draft(self._chunk):  # it yields a token this step, and its own drafts'
                 base_tokens += 1.0 + sum(self.survival.of_tree(row.drafter_kind, tree, sampled))
         cost = PaddedForwardCost(self.policy.forward_seconds, len(self.rows), row_tokens, floor_width,
-                                 fixed_seconds=self._planned_draft_seconds)
+                                 fixed_seconds=self._planned_draft_seconds,
+                                 packed_share=LINEAR_SHARE if getattr(self, "pack_linear", False) else 0.0,
+                                 other_tokens=other_tokens)
         chosen = schedule(survival, cost, base_tokens)
         lengths = list(chosen.lengths)
         if self._exploring and not any(lengths):

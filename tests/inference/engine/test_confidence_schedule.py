@@ -148,6 +148,23 @@ def test_the_level_rule_stops_at_the_first_level_that_does_not_pay_and_skips_wor
     assert schedule_levels([[0.0, 0.0]], wide).lengths == [0]
 
 
+def test_with_packed_linear_layers_an_unlikely_pair_pays_its_own_compute_and_stays_out():
+    def forward(rows, tokens):
+        return 1.0 + 0.1 * rows * tokens
+
+    survival = [[0.9], [0.05]]
+    # half the forward packed: row 0 alone, 2.9 / 1.35 = 2.15; with row 1 too, 2.95 / 1.4 = 2.11
+    partly = PaddedForwardCost(forward, 2, [chain_tokens(1)] * 2, packed_share=0.5)
+    assert partly([1, 0]) == pytest.approx(1.35) and partly([1, 1]) == pytest.approx(1.4)
+    assert schedule(survival, partly).lengths == [1, 0]
+    # all of it padded, row 1's position rides free in row 0's column
+    assert schedule(survival, PaddedForwardCost(forward, 2, [chain_tokens(1)] * 2)).lengths == [1, 1]
+    # rows outside the schedule count their real tokens in the packed share
+    beside = PaddedForwardCost(forward, 3, [chain_tokens(1)] * 2, floor_width=4, packed_share=0.5,
+                               other_tokens=4)
+    assert beside([0, 0]) == pytest.approx(0.5 * forward(3, 4) + 0.5 * forward(3, 2))
+
+
 def test_padded_cost_rows_outside_the_schedule_set_the_floor_width_and_fixed_seconds_count():
     def forward(rows, width):
         return 0.1 * rows * width

@@ -176,6 +176,23 @@ def test_greedy_rows_with_the_scheduler_equal_the_targets_own_greedy(arch, batch
         assert got.finish_reason == expected.finish_reason
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_rows_with_the_scheduler_and_packed_linear_layers_equal_the_targets_own_greedy(arch):
+    """Under `pack_linear` the scheduler costs the linear layers by real tokens (an unlikely
+    row's position no longer rides free) and leaves rows at different lengths: still exact."""
+    engine = BatchedSpeculativeEngine(target_model(arch), noisy_copy(arch), decode=_decode, max_rows=5,
+                                      policy=_SyntheticCosts(0.05, max_depth=5), pack_linear=True)
+    prompts = [[5, 9, 2, 7], [11, 12, 13], [3, 3, 3, 3, 3], [40, 41], [60, 61, 62], [7], [8, 8, 9]]
+    kinds = ["draft_model", "ngram", "tree", "suffix", "draft_model", "auto", "ngram"]
+    config = GenerationConfig(max_new_tokens=24, eos_token_id=())
+    requests = [BatchRequest(index, prompt, config, kind, DraftConfig(length=5))
+                for index, (prompt, kind) in enumerate(zip(prompts, kinds))]
+    results = engine.run(requests, {index: index for index in range(len(requests))})
+    for index, prompt in enumerate(prompts):
+        assert results[index].token_ids == generate_plain(target_model(arch), prompt, config).token_ids, index
+    assert sum(sum(result.stats.verified_lengths[1:]) for result in results.values()) > 0
+
+
 def test_the_scheduler_cuts_rows_differently_and_reports_its_estimates_per_row():
     """One batch, every drafter: some steps verify nothing, some cut a draft short, and each
     row's stats and events carry the lengths, the expected and the realised acceptance."""
