@@ -39,6 +39,7 @@ from inference.engine.batch.policy import SpeculationPolicy
 from inference.worker import metrics
 from inference.worker.fencing import SUPERSEDED, renew_leases
 from inference.worker.lifecycle import session_end, write_end
+from inference.worker.residency import residency
 from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
 from inference.worker.session_job import SessionEnd, SessionJob
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
@@ -48,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
+RETIRED_CHECK_S = 30.0  # how often idle engines are checked for a target no longer active
 STEP_COST_EXPORT_EVERY = 200  # steps between two exports of the step-cost table (metrics.observe_step_costs)
 
 
@@ -72,6 +74,7 @@ class DeviceBatchLoop:
         self._stale: queue.SimpleQueue[set[tuple[Hashable, int]]] = queue.SimpleQueue()
         self._leaving: dict[Hashable, tuple[int, int | None]] = {}  # dropped rows the engine still holds
         self._deferred: list[SessionJob] = []  # newer runs waiting for their older row to leave
+        self._last_retired_check = time.monotonic()
 
     # -- called from task threads -------------------------------------------------------
 
@@ -111,8 +114,36 @@ class DeviceBatchLoop:
         for pair, engine in list(self.engines.items()):
             if engine.has_work():
                 self._step(pair, engine)
+        if time.monotonic() - self._last_retired_check >= RETIRED_CHECK_S:
+            self.drop_retired_engines()
         if self.recorder.due():
             self._flush()
+
+    def drop_retired_engines(self) -> list[tuple[int, int | None]]:
+        """Drop the idle engines whose target is no longer active (promoted away, retired), and
+        their models from this process: a promotion otherwise left every old pair's engine and
+        weights in memory for good (a GPU filled after a few promotions). An engine with rows,
+        or a session of its pair still in the loop, stays until they end. Returns the pairs dropped."""
+        self._last_retired_check = time.monotonic()
+        idle = [pair for pair, engine in self.engines.items()
+                if not engine.has_work() and not any(job.pair == pair for job in self.jobs.values())
+                and pair not in self._leaving.values()]
+        if not idle:
+            return []
+        from inference.models import ModelVersion, VersionStatus
+
+        active = set(ModelVersion.objects.filter(pk__in={pair[0] for pair in idle}, status=VersionStatus.ACTIVE)
+                     .values_list("pk", flat=True))
+        dropped = [pair for pair in idle if pair[0] not in active]
+        for pair in dropped:
+            del self.engines[pair]
+        still_used = {version for pair in self.engines for version in pair}
+        for version_id in {version for pair in dropped for version in pair}:
+            if version_id is not None and version_id not in still_used and version_id not in active:
+                residency.evict(version_id)
+        if dropped:
+            logger.info("dropped the engines of retired pairs %s and freed their models", dropped)
+        return dropped
 
     def _engine(self, job: SessionJob) -> BatchedSpeculativeEngine:
         engine = self.engines.get(job.pair)

@@ -55,6 +55,16 @@ class ModelResidency:
             return loaded
 
 
+    def evict(self, version_id: int) -> bool:
+        """Forget a loaded version (and its DSpark drafter); True when it was loaded."""
+        with self._lock:
+            loaded = self._loaded.pop(version_id, None)
+            for key in [key for key in self._dspark if key[1] == version_id]:
+                del self._dspark[key]
+        if loaded is not None:
+            logger.info("evicted model version %s", version_id)
+        return loaded is not None
+
     def dspark(self, version) -> object | None:
         """The DSpark drafter of target ``version`` (a DSparkModel), loaded once; None when it has none.
 
