@@ -114,6 +114,17 @@ def test_default_feature_layers_stay_below_the_last():
     assert all(max(default_target_layer_ids(n)) < n - 1 for n in range(1, 40))
 
 
+def test_the_backbone_can_start_from_the_targets_top_layer(target):
+    model = init_from_target(target, draft_config(target, **SMALL), top_layers=True)
+    top = target.model.layers[-1]
+    for name in ("self_attn.q_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight",
+                 "post_attention_layernorm.weight"):
+        assert torch.equal(model.layers[0].get_submodule(name.rsplit(".", 1)[0]).weight,
+                           top.get_submodule(name.rsplit(".", 1)[0]).weight.float()), name
+    fresh = init_from_target(target, draft_config(target, **SMALL))
+    assert not torch.equal(fresh.layers[0].mlp.down_proj.weight, model.layers[0].mlp.down_proj.weight)
+
+
 @pytest.fixture(scope="module")
 def trained(target, text, tmp_path_factory):
     out = tmp_path_factory.mktemp("dspark") / "tiny-dspark"

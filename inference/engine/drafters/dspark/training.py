@@ -122,11 +122,41 @@ def draft_config(target: PreTrainedModel, *, block_size: int = 7, layers: int = 
     return config
 
 
-def init_from_target(target: PreTrainedModel, config: DSparkConfig, seed: int = 0) -> DSparkModel:
-    """A fresh drafter (float32, on the target's device) with the target's embedding and head, frozen."""
+def copy_top_layers(model: DSparkModel, target: PreTrainedModel) -> list[str]:
+    """Start the backbone's layers from the target's top layers (same-named, same-shaped tensors).
+
+    A drafter layer is a decoder layer of the target's width (plus q/k norms, left at one), and
+    its job — the next tokens from upper representations — is the top layers' one, so it starts
+    there rather than from noise, as the demo draft starts from the target's own layers.
+    Returns the names copied.
+    """
+    layers = decoder_layers(target)
+    source = target.state_dict()
+    prefix = next(name for name, module in target.named_modules() if module is layers) + "."
+    copied = []
+    state = model.state_dict()
+    offset = len(layers) - len(model.layers)
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if not name.startswith("layers."):
+                continue
+            index, rest = name[len("layers."):].split(".", 1)
+            origin = source.get(f"{prefix}{int(index) + offset}.{rest}")
+            if origin is not None and origin.shape == tensor.shape:
+                tensor.copy_(origin)
+                copied.append(name)
+    return copied
+
+
+def init_from_target(target: PreTrainedModel, config: DSparkConfig, seed: int = 0,
+                     top_layers: bool = False) -> DSparkModel:
+    """A fresh drafter (float32, on the target's device) with the target's embedding and head,
+    frozen; with `top_layers`, its backbone starts from the target's top layers."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = DSparkModel(config)
+    if top_layers:
+        copy_top_layers(model, target)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(target.get_input_embeddings().weight)
         head = target.get_output_embeddings().weight
@@ -223,7 +253,7 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
                  heldout: torch.Tensor | Sequence[Sequence[int]] | None = None, max_steps: int | None = None,
                  batch_size: int = 4, anchors_per_sequence: int = 32, lr: float = 2e-3, warmup_steps: int = 10,
                  checkpoint_every_s: float = 30.0, seed: int = 0, steps_per_pass: int = 2,
-                 report_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                 init_top_layers: bool = False, report_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train, calibrate and save a DSpark drafter for the frozen `target`; return a report.
 
     `sequences` [rows, length]: target-written token ids to train on; `heldout` the same for the
@@ -245,12 +275,12 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
     target.eval()  # frozen: its forwards run under no_grad (training_forward.target_pass)
     config = draft_config(target, block_size=block_size, layers=layers,
                           target_layer_ids=target_layer_ids, markov_rank=markov_rank)
-    model = init_from_target(target, config, seed)
+    model = init_from_target(target, config, seed, top_layers=init_top_layers)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=lr, betas=(0.9, 0.95), weight_decay=0.01)
     signature = {"config": config.to_dict(), "data": _fingerprint(rows, held), "seed": seed,
                  "batch_size": batch_size, "anchors": anchors_per_sequence, "lr": lr,
-                 "steps_per_pass": steps_per_pass}
+                 "steps_per_pass": steps_per_pass, "init_top_layers": init_top_layers}
     work = work_directory(out_dir)
     state_path = work / STATE_FILE
     if not resume:
