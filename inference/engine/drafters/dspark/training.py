@@ -251,7 +251,7 @@ def train_dspark(target: PreTrainedModel, sequences: torch.Tensor | Sequence[Seq
                  target_layer_ids: Sequence[int] | None = None, markov_rank: int = 32,
                  budget_s: float = 600.0, resume: bool = True, progress: ProgressCallback | None = None,
                  heldout: torch.Tensor | Sequence[Sequence[int]] | None = None, max_steps: int | None = None,
-                 batch_size: int = 4, anchors_per_sequence: int = 32, lr: float = 2e-3, warmup_steps: int = 10,
+                 batch_size: int = 4, anchors_per_sequence: int = 32, lr: float = 5e-3, warmup_steps: int = 10,
                  checkpoint_every_s: float = 30.0, seed: int = 0, steps_per_pass: int = 2,
                  init_top_layers: bool = False, report_extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train, calibrate and save a DSpark drafter for the frozen `target`; return a report.
