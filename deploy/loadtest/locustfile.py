@@ -63,6 +63,7 @@ TERMINAL_STATUSES = ("succeeded", "failed")
 POLICY_KINDS = ("auto",)
 REAL_DRAFTERS = tuple(kind for kind in DRAFTER_KINDS if kind not in POLICY_KINDS)
 NEEDS_DRAFT_MODEL = tuple(kind for kind in ("draft_model", "tree") if kind in DRAFTER_KINDS)
+NEEDS_DSPARK = tuple(kind for kind in ("dspark",) if kind in DRAFTER_KINDS)
 TTFT_REQUEST_TYPE = "TTFT"
 TTFT_NAME = f"{API}/generations/ (first token)"
 PROMPTS = (
@@ -241,7 +242,7 @@ class GenerationUser(SpecOpsUser):
         self.stream_client.close()
 
     def _usable_drafters(self) -> tuple[str, ...]:
-        """Leave out the drafters that need a draft model when the active target has none."""
+        """Leave out the drafters that need a draft model (a DSpark drafter) when no active target has one."""
         with self.client.get(f"{API}/models/", name=f"{API}/models/", catch_response=True) as response:
             if response.status_code != 200:
                 response.failure(f"listing models: {describe(response)}")
@@ -249,10 +250,15 @@ class GenerationUser(SpecOpsUser):
             body = response.json()
         models = body.get("results", body) if isinstance(body, dict) else body
         targets = [m for m in models if m.get("role") == "target" and m.get("status") == "active"]
-        if targets and all(m.get("default_draft") is None for m in targets):
-            usable = tuple(d for d in DRAFTERS if d not in NEEDS_DRAFT_MODEL)
-            return usable or DRAFTERS
-        return DRAFTERS
+        if not targets:
+            return DRAFTERS
+        missing = set()
+        if all(m.get("default_draft") is None for m in targets):
+            missing.update(NEEDS_DRAFT_MODEL)
+        if not any(m.get("has_dspark") for m in targets):
+            missing.update(NEEDS_DSPARK)
+        usable = tuple(d for d in DRAFTERS if d not in missing)
+        return usable or DRAFTERS
 
     @task
     def generate(self) -> None:

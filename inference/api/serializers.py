@@ -209,8 +209,14 @@ class GenerationAcceptedSerializer(serializers.Serializer):
 
 
 class ModelVersionSerializer(serializers.ModelSerializer):
+    has_dspark = serializers.SerializerMethodField(
+        help_text="Whether the target has a DSpark drafter (the `dspark` drafter runs on it).")
+
     class Meta:
         model = ModelVersion
         fields = ("id", "name", "version", "role", "device", "queue", "context_length", "status",
-                  "default_draft", "variant", "base", "figures", "created_at", "promoted_at")
+                  "default_draft", "has_dspark", "variant", "base", "figures", "created_at", "promoted_at")
         read_only_fields = fields
+
+    def get_has_dspark(self, version: ModelVersion) -> bool:
+        return bool(version.dspark_path)
