@@ -225,16 +225,28 @@ def tiny_pair(tiny_model_dirs):
     return load_causal_lm(target_dir), load_causal_lm(draft_dir)
 
 
+@pytest.fixture(scope="module")
+def tiny_dspark(tiny_pair, tmp_path_factory):
+    """A DSpark drafter for the tiny target (random weights: it only has to run)."""
+    from inference.engine.drafters.dspark import load_dspark
+    from tests.inference.engine.dspark_models import write_deepspec_checkpoint
+
+    target = tiny_pair[0].model
+    return load_dspark(write_deepspec_checkpoint(tmp_path_factory.mktemp("dspark") / "tiny", target,
+                                                 target_layer_ids=(-1, 0)), target)
+
+
 @pytest.mark.parametrize("drafter", DRAFTERS)
 @pytest.mark.parametrize("temperature, top_p", [(1e-40, 1.0), (1.0, 1e-300), (1e-300, 1e-300)])
-def test_the_worker_engine_generates_with_tiny_temperature_and_top_p(tiny_pair, drafter, temperature, top_p):
+def test_the_worker_engine_generates_with_tiny_temperature_and_top_p(tiny_pair, tiny_dspark, drafter, temperature,
+                                                                    top_p):
     target, draft = tiny_pair
     prompt = target.tokenizer("def parse(text):\n    ")["input_ids"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         def run(config: GenerationConfig):
-            engine = BatchedSpeculativeEngine(target, draft, max_rows=2)
+            engine = BatchedSpeculativeEngine(target, draft, max_rows=2, dspark=tiny_dspark)
             return engine.run([BatchRequest(0, prompt, config, drafter, DraftConfig(tree_width=3))])[0]
 
         sampled = run(GenerationConfig(max_new_tokens=10, temperature=temperature, top_p=top_p, seed=5,
