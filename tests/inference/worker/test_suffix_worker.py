@@ -172,7 +172,10 @@ def test_a_worker_drafts_from_its_tenants_history_and_learns_from_what_it_finish
 
     app.control.purge()
     log = tmp_path / "worker.log"
-    worker = start_worker("cpu", "suffix-cpu", log)
+    # A fixed draft depth: what this test counts is what the corpus lets the drafter propose; with the
+    # policy on, how many of those positions a step verifies follows the forwards' measured cost, which
+    # a loaded machine moves (the policy's own tests, and test_policy_first_request, run it on).
+    worker = start_worker("cpu", "suffix-cpu", log, extra_env={"SPECOPS_SPECULATION_POLICY": "false"})
     try:
         wait_for(lambda: "suffix index warmed from 1 session(s) into 1 corpora" in log.read_text(),
                  timeout=60, what="the warm-up at worker start")
