@@ -163,7 +163,8 @@ def test_dspark_needs_its_checkpoint():
 VOCAB, RUNS, PROMPT = 8, 2500, [3, 1, 4]
 
 
-@pytest.mark.parametrize("generation", [dict(temperature=1.0), dict(temperature=0.8, top_k=6, top_p=0.9)])
+# Plain T = 1 is the batched engine's chi-square test (test_dspark_batched.py); here the warped case.
+@pytest.mark.parametrize("generation", [dict(temperature=0.8, top_k=6, top_p=0.9)])
 def test_sampling_with_dspark_follows_the_target_distribution(tmp_path, generation):
     target = qwen3_target(vocab_size=VOCAB, seed=11)
     dspark = load_dspark(write_deepspec_checkpoint(tmp_path / "v8", target, block_size=2, markov_rank=4,
