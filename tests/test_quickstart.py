@@ -151,6 +151,20 @@ def test_the_full_build_records_progress_resumes_and_replaces_the_quick_pair(
     assert int(redis_client.get(namespace)) == before + 1  # the quick pair's cached predictions are orphaned
     assert pending_build("demo:seed0") is None and pending_build("demo") is None
 
+    # A DSpark checkpoint beside the target (the full build's last phase writes one there) is
+    # registered as the target's drafter when the job registers the pair.
+    from inference.demo.dspark_phase import dspark_directory_for
+    from inference.engine.models.loading import load_causal_lm
+    from tests.inference.engine.dspark_models import write_deepspec_checkpoint
+
+    assert not result.target.dspark_path
+    write_deepspec_checkpoint(dspark_directory_for(result.built.target_dir),
+                              load_causal_lm(result.built.target_dir).model, target_layer_ids=(-1, 0))
+    with django_capture_on_commit_callbacks(execute=True):
+        again = run_job(job, progress=BuildProgress(DEMO_NAME, job.version, stream=None), tqdm_bars=False)
+    assert again.target.pk == result.target.pk
+    assert again.target.dspark_directory == dspark_directory_for(result.built.target_dir)
+
 
 def test_pending_build_answers_for_a_version_still_building(db, redis_client, tiny_model_dirs):
     start = time.time() - 200  # a clock that moves a second per reading, ending about now

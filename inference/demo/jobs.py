@@ -24,7 +24,8 @@ from inference.conf import conf
 from inference.demo.builder import DemoBuildConfig, DemoModels, build_demo_models
 from inference.demo.progress import BuildProgress
 from inference.models import ModelVersion
-from inference.registry import DEMO_NAME, full_version, quick_version, register_demo_pair
+from inference.demo.dspark_phase import dspark_directory_for
+from inference.registry import DEMO_NAME, attach_dspark, full_version, quick_version, register_demo_pair
 
 QUICK_SUBDIR = "quick"  # the quick pair lives in SPECOPS_MODEL_DIR/quick/, the full one at the top
 
@@ -97,6 +98,9 @@ def run_job(job: DemoJob, *, device: str = "cpu", register: bool = True, threads
             if migrations_timeout_s > 0:
                 wait_for_migrations(migrations_timeout_s, stream)
             target, promoted = register_demo_pair(job.version, built.target_dir, built.draft_dir, device=device)
+            dspark_dir = dspark_directory_for(built.target_dir)
+            if (dspark_dir / "config.json").is_file() and target.dspark_directory != dspark_dir:
+                attach_dspark(target, dspark_dir)  # the build's DSpark phase: `drafter: "dspark"` serves
     except (KeyboardInterrupt, SystemExit):
         progress.finished(INTERRUPTED, "stopped; the next run resumes from the last checkpoint")
         raise
