@@ -29,8 +29,8 @@ class DSparkBuildConfig:
     contexts greedy and sampled requests produce), and `heldout_sequences` greedy ones of
     held-out files for the figures and the calibration; then `budget_s` seconds of training.
     Measured on the default target (20 x 192), 2 threads on the 2-core machine shared with
-    other work (load ~3): the text ~0.8 s a sequence, a step (4 sequences x 64 anchor blocks,
-    one target forward per two steps) ~1.6 s, the held-out figures and calibration ~40 s. At
+    other work (load 2-5): the text 0.8-1.2 s a sequence, a step (4 sequences x 64 anchor
+    blocks, one target forward per two steps) 0.6-1.6 s; the phase took 708 s (714 steps). At
     lr 5e-3 the held-out τ after 200 steps matched lr 2e-3's after 305.
     """
 
