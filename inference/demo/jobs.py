@@ -21,7 +21,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from inference.build_records import DONE, FAILED, INTERRUPTED
 from inference.conf import conf
-from inference.demo.builder import DemoBuildConfig, DemoModels, build_demo_models
+from inference.demo.builder import DemoBuildConfig, DemoModels, build_demo_models, build_dspark_phase
 from inference.demo.progress import BuildProgress
 from inference.models import ModelVersion
 from inference.demo.dspark_phase import dspark_directory_for
@@ -91,16 +91,20 @@ def run_job(job: DemoJob, *, device: str = "cpu", register: bool = True, threads
     progress = progress or BuildProgress(DEMO_NAME, job.version, stream=stream)
     progress.started()
     try:
+        # The pair first, registered (and promoted) as soon as it is trained; its DSpark drafter
+        # (the full build's last phase, ~10 min on a CPU) after, attached when it is done.
         built = build_demo_models(job.out_dir, config=job.config, progress=tqdm_bars, cache_dir=conf.CACHE_DIR,
-                                  threads=threads, observer=progress)
+                                  threads=threads, observer=progress, dspark=False)
         target, promoted = None, False
         if register:
             if migrations_timeout_s > 0:
                 wait_for_migrations(migrations_timeout_s, stream)
             target, promoted = register_demo_pair(job.version, built.target_dir, built.draft_dir, device=device)
-            dspark_dir = dspark_directory_for(built.target_dir)
-            if (dspark_dir / "config.json").is_file() and target.dspark_directory != dspark_dir:
-                attach_dspark(target, dspark_dir)  # the build's DSpark phase: `drafter: "dspark"` serves
+        if job.config.dspark is not None:
+            built = build_dspark_phase(job.out_dir, config=job.config, threads=threads, observer=progress)
+        dspark_dir = dspark_directory_for(built.target_dir)
+        if target is not None and (dspark_dir / "config.json").is_file() and target.dspark_directory != dspark_dir:
+            attach_dspark(target, dspark_dir)  # `drafter: "dspark"` serves from now on
     except (KeyboardInterrupt, SystemExit):
         progress.finished(INTERRUPTED, "stopped; the next run resumes from the last checkpoint")
         raise
