@@ -76,7 +76,9 @@ def test_a_fresh_workers_first_greedy_generation_drafts(api_client, tmp_path):
                   .values_list("token_id", flat=True))
     assert tokens == target_greedy(target_dir, prompt, new)  # greedy: the target's own tokens
     choices = {int(depth): steps for depth, steps in body["stats"]["depth_choices"].items()}
-    drafted = sum(steps for depth, steps in choices.items() if depth > 0)
-    # every step drafts but the prefill's (the first token) and, at most, a few near the end
-    assert drafted >= 0.75 * (sum(choices.values()) - 1), choices
+    steps = sum(choices.values())
+    # It speculated from the first request: at least two tokens a step on average (the cold start
+    # of issue 25 ran 95 of 96 steps undrafted, one token each). How many of the steps verified a
+    # draft is the scheduler's call on measured costs (a step may verify none), so it is not counted.
+    assert steps <= new // 2, choices
     assert body["stats"]["accepted"] >= new // 2, body["stats"]
