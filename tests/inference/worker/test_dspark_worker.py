@@ -10,7 +10,7 @@ from inference.demo.tiny_models import build_tiny_pair
 from inference.engine.models.loading import load_causal_lm
 from metadata.models import TokenRecord
 from specops.celery import app
-from tests.helpers import wait_for
+from tests.helpers import generate_and_wait
 from tests.inference.engine.dspark_models import write_deepspec_checkpoint
 from tests.inference.worker.test_crash_safety import target_greedy
 from tests.worker_process import start_worker, stop_worker
@@ -27,22 +27,13 @@ def test_a_worker_serves_dspark_with_the_targets_own_greedy_output(api_client, t
     app.control.purge()
     worker = start_worker("cpu", "dspark-cpu", tmp_path / "worker.log")
     try:
-        created = api_client.post("/api/v1/generations/", {"model": "feat", "prompt": prompt,
-                                                           "max_new_tokens": new, "drafter": "dspark"},
-                                  format="json")
-        assert created.status_code == 202, created.content
-        session_id = created.json()["id"]
-
-        def finished():
-            body = api_client.get(f"/api/v1/sessions/{session_id}/").json()
-            return body if body["status"] in ("succeeded", "failed", "cancelled") else None
-
-        body = wait_for(finished, timeout=120, what="the dspark generation to finish")
+        body = generate_and_wait(api_client, {"model": "feat", "prompt": prompt, "max_new_tokens": new,
+                                              "drafter": "dspark"})
     finally:
         stop_worker(worker)
     assert body["status"] == "succeeded", body["error"]
     assert body["stats"]["drafter"] == "dspark"
     assert body["stats"]["drafted"] > 0, body["stats"]  # it drafted: the features reached it
-    tokens = list(TokenRecord.objects.filter(session_id=session_id).order_by("position")
+    tokens = list(TokenRecord.objects.filter(session_id=body["id"]).order_by("position")
                   .values_list("token_id", flat=True))
     assert tokens == target_greedy(target_dir, prompt, new)

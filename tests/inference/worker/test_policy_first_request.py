@@ -24,7 +24,7 @@ from inference.demo.tokenizer_builder import stdlib_tokenizer
 from inference.registry import register_pair
 from metadata.models import TokenRecord
 from specops.celery import app
-from tests.helpers import wait_for
+from tests.helpers import generate_and_wait
 from tests.inference.worker.test_crash_safety import target_greedy
 from tests.worker_process import start_worker, stop_worker
 
@@ -58,21 +58,12 @@ def test_a_fresh_workers_first_greedy_generation_drafts(api_client, tmp_path):
     app.control.purge()
     worker = start_worker("cpu", "policy-first", tmp_path / "worker.log")  # the policy on, as in production
     try:
-        created = api_client.post("/api/v1/generations/", {"model": "agree", "prompt": prompt,
-                                                           "max_new_tokens": new, "drafter": "draft_model"},
-                                  format="json")
-        assert created.status_code == 202, created.content
-        session_id = created.json()["id"]
-
-        def finished():
-            body = api_client.get(f"/api/v1/sessions/{session_id}/").json()
-            return body if body["status"] in ("succeeded", "failed", "cancelled") else None
-
-        body = wait_for(finished, timeout=120, what="the first generation to finish")
+        body = generate_and_wait(api_client, {"model": "agree", "prompt": prompt, "max_new_tokens": new,
+                                              "drafter": "draft_model"})
     finally:
         stop_worker(worker)
     assert body["status"] == "succeeded", body["error"]
-    tokens = list(TokenRecord.objects.filter(session_id=session_id).order_by("position")
+    tokens = list(TokenRecord.objects.filter(session_id=body["id"]).order_by("position")
                   .values_list("token_id", flat=True))
     assert tokens == target_greedy(target_dir, prompt, new)  # greedy: the target's own tokens
     choices = {int(depth): steps for depth, steps in body["stats"]["depth_choices"].items()}
