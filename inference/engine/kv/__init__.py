@@ -4,7 +4,9 @@
   (`truncate_cache`, `keep_accepted`) without re-encoding the prefix;
 * ``slab``: a cache layer with spare capacity, so a forward appends in place (`SlabLayer`);
 * ``ragged``: one cache for the rows of a batch, of different lengths, with holes masked
-  (`RaggedCache`, fed a `RowInput` per row).
+  (`RaggedCache`, fed a `RowInput` per row);
+* ``windows``: sliding-window attention on caches that keep every token (the window in the mask),
+  and the one-line refusal of layer kinds the engine cannot serve.
 """
 
 from inference.engine.kv.ragged import RaggedCache, RowInput

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.kv.rollback import new_cache
+from inference.engine.kv.windows import model_attention_layout
 from inference.engine.models.modeling import forward_batch_logits
 
 
@@ -251,9 +252,12 @@ class RaggedCache:
             input_ids, position_ids, new_slots, mask = self._ragged_inputs(inputs, new)
         # [rows, new, vocab]
         last_index = torch.tensor([max(len(item.token_ids) - 1, 0) for item in inputs], device=device)
-        packing = {"token_mask": new_slots.to(device)} if self.packed else {}
+        options = {"token_mask": new_slots.to(device)} if self.packed else {}
+        if mask is not None and model_attention_layout(self.model).sliding:
+            # a sliding window counts positions, not slots: a slot's is its rank in the row
+            options["key_positions"] = (self.slots.cumsum(dim=1) - 1).to(device)
         output = forward_batch_logits(self.model, input_ids.to(device), self.cache, mask,
-                                      position_ids.to(device), logits, last_index, **packing)
+                                      position_ids.to(device), logits, last_index, **options)
         self.slots = torch.cat((self.slots, new_slots), dim=1)
         self.last_start = width
         if logits == "none":

@@ -1,30 +1,29 @@
 """KV cache rollback: keep the accepted path, drop the rest, never re-encode the prefix.
 
 Works on transformers' `DynamicCache` with full-attention `DynamicLayer`s (GPT-2, Llama, Qwen2
-and most decoder-only models), whose tensors are [batch, kv_heads, seq_len, head_dim].
+and most decoder-only models), whose tensors are [batch, kv_heads, seq_len, head_dim]. A
+sliding-window layer gets the same full layer: it keeps what slid out of the window, so a rollback
+across the window's edge has it, and the window is applied by the mask (windows.py).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
 
-from inference.engine.errors import UnsupportedModelError
 from inference.engine.kv.slab import SlabLayer
+from inference.engine.kv.windows import model_attention_layout
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
-    """An empty cache for `model` (`SlabLayer`s), refusing layer kinds whose past cannot be rolled back."""
+    """An empty cache for `model`: one `SlabLayer` per layer, full and sliding-window alike.
+
+    Refuses (UnsupportedModelError) layer kinds the engine cannot roll back (windows.py).
+    """
+    layout = model_attention_layout(model)
     cache = DynamicCache(config=model.config)
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise UnsupportedModelError(
-                f"{type(model).__name__} uses {type(layer).__name__} KV cache layers; the engine "
-                "rolls back only full-attention DynamicLayer caches"
-            )
-    # the same layers, appended in place instead of concatenated (kv_slab.py)
-    cache.layers = [SlabLayer() for _ in cache.layers]
+    # full layers, appended in place instead of concatenated (kv_slab.py)
+    cache.layers = [SlabLayer() for _ in layout.layer_types]
     return cache
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PretrainedConfig,
@@ -23,7 +24,8 @@ from transformers import (
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from inference.engine.errors import EngineError
+from inference.engine.errors import EngineError, UnsupportedModelError
+from inference.engine.kv.windows import attention_layout
 from inference.engine.models.variants.recipes import VariantError, check_source, read_recipe
 from inference.engine.models.variants.transforms import apply_variant
 
@@ -54,6 +56,11 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return self.model.device
+
+    @property
+    def attn_implementation(self) -> str:
+        """The attention the model runs: "sdpa", or "eager" for a family without SDPA (Gemma 2)."""
+        return self.model.config._attn_implementation
 
     @property
     def vocab_size(self) -> int:
@@ -92,6 +99,42 @@ def model_context_length(config: PretrainedConfig) -> int:
         f"{type(config).__name__} has none of {', '.join(_CONTEXT_LENGTH_ATTRIBUTES)}; "
         "cannot tell the model's context length"
     )
+
+
+def attention_implementation(config: PretrainedConfig) -> str:
+    """The fastest attention `config`'s causal-LM class supports: "sdpa", else "eager".
+
+    Read from the class's own flag (`_supports_sdpa`), not guessed from a failed load: Gemma 2
+    has none, as SDPA cannot soft-cap attention scores.
+    """
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError as error:
+        raise ModelLoadError(f"{config.model_type} is not a causal LM transformers knows") from error
+    return "sdpa" if getattr(model_class, "_supports_sdpa", False) else "eager"
+
+
+def check_servable(config: PretrainedConfig) -> str:
+    """The attention implementation the engine will load `config` with; ModelLoadError (one line) if it cannot serve it.
+
+    Run at registration, so a model the engine cannot serve is refused there, not at its first
+    request: its cache layers must be full or sliding-window attention (kv/windows.py).
+    """
+    implementation = attention_implementation(config)
+    try:
+        attention_layout(config)
+    except UnsupportedModelError as error:
+        raise ModelLoadError(str(error)) from error
+    return implementation
+
+
+def read_servable_config(path: str | os.PathLike[str]) -> tuple[PretrainedConfig, str]:
+    """A model directory's config and the attention it will load with (`check_servable`), without weights."""
+    try:
+        config = AutoConfig.from_pretrained(os.fspath(path), local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
+    return config, check_servable(config)
 
 
 def _resolve_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype | str:
@@ -151,10 +194,12 @@ def _load_saved_model(
     target_device = torch.device(device)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        config = AutoConfig.from_pretrained(source, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
             source,
+            config=config,
             local_files_only=True,
-            attn_implementation="sdpa",
+            attn_implementation=check_servable(config),
             dtype=_resolve_dtype(target_device, dtype),
         )
     except (OSError, ValueError, KeyError) as error:
@@ -276,4 +321,5 @@ def describe_model(loaded: LoadedModel) -> dict[str, Any]:
         "vocab_size": loaded.vocab_size,
         "context_length": loaded.context_length,
         "dtype": str(loaded.model.dtype),
+        "attn_implementation": loaded.attn_implementation,
     }

@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.kv.windows import model_attention_layout, windowed_masks
 from inference.engine.models.features import EMBEDDING_LAYER, active_tap
 from inference.engine.models.linear_kernels import linear_kernels
 
@@ -78,6 +79,8 @@ def supports_lean_forward(model: PreTrainedModel) -> bool:
             and not getattr(config, "use_sliding_window", False)
             and not (config.model_type == "mistral" and getattr(config, "sliding_window", None))
             and layer_types == {"full_attention"}
+            # a soft-cap (Gemma 2) lives in the model's own forward: never bypass it
+            and getattr(config, "final_logit_softcapping", None) is None
         )
         _lean_support[model] = supported
     return supported
@@ -247,6 +250,8 @@ def forward_batch_logits(
     last_index: torch.Tensor | None = None,
     # [rows, new_tokens] which slots hold a real token; None: every slot (see `Packing`)
     token_mask: torch.Tensor | None = None,
+    # [rows, cached] each cached slot's position (a sliding window's reference); None: 0..cached-1
+    key_positions: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Run a batch of rows (ragged underneath: the mask says what each token sees); [rows, new, vocab].
 
@@ -258,6 +263,7 @@ def forward_batch_logits(
         hidden = _lean_hidden(model, input_ids, cache, attention_mask, position_ids, token_mask)
     else:
         hidden = None
+        attention_mask = _window_masks(model, input_ids, cache, attention_mask, position_ids, key_positions)
         output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
                        position_ids=position_ids, use_cache=True, logits_to_keep=1 if logits == "none" else 0)
     if logits == "none":
@@ -292,9 +298,39 @@ def forward_logits(
     input_ids = torch.tensor([token_ids], dtype=torch.long, device=model.device)
     if supports_lean_forward(model):
         return _lean_logits(model, input_ids, cache, keep, attention_mask, position_ids)
+    attention_mask = _window_masks(model, input_ids, cache, attention_mask, position_ids)
     output = model(input_ids=input_ids, cache=cache, attention_mask=attention_mask,
                    position_ids=position_ids, use_cache=True, logits_to_keep=keep)
     return output.logits[0]
+
+
+def _window_masks(
+    model: PreTrainedModel,
+    # [rows, new_tokens]
+    input_ids: torch.Tensor,
+    cache: DynamicCache,
+    # [rows, 1, new_tokens, cached + new_tokens] or None (plain causal)
+    attention_mask: torch.Tensor | None,
+    # [rows, new_tokens] or None (the positions that follow the cache)
+    position_ids: torch.Tensor | None,
+    # [rows, cached] or None (0..cached-1: a cache without holes)
+    key_positions: torch.Tensor | None = None,
+) -> torch.Tensor | dict[str, torch.Tensor] | None:
+    """The mask(s) a sliding-window model needs on the engine's full caches (kv/windows.py).
+
+    Always explicit for such a model, as transformers' own sliding mask assumes its own cache
+    layers; any other model's mask is returned as given.
+    """
+    layout = model_attention_layout(model)
+    if not layout.sliding:
+        return attention_mask
+    past = cache.get_seq_length()
+    device = input_ids.device
+    if position_ids is None:
+        position_ids = torch.arange(past, past + input_ids.shape[1], device=device)[None]
+    if key_positions is None:
+        key_positions = torch.arange(past, device=device)[None].expand(position_ids.shape[0], -1)
+    return windowed_masks(layout, attention_mask, position_ids.to(device), key_positions, model.dtype)
 
 
 def align_vocab(
