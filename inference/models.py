@@ -68,6 +68,11 @@ class ModelVersion(models.Model):
     path = models.CharField(max_length=500, help_text="Absolute, or relative to SPECOPS_MODEL_DIR.")
     device = models.CharField(max_length=16, default="cpu", help_text="cpu or cuda:N")
     context_length = models.PositiveIntegerField()
+    attn_implementation = models.CharField(
+        max_length=16, blank=True, default="",
+        help_text="The attention the engine loads it with: sdpa, or eager for a family without SDPA "
+                  "(Gemma 2); empty: registered before this was recorded.",
+    )
     status = models.CharField(max_length=8, choices=VersionStatus.choices, default=VersionStatus.STAGED)
     default_draft = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",

@@ -18,6 +18,7 @@ from inference.conf import conf
 from inference.engine.models.loading import (
     ModelLoadError,
     check_pair_directories,
+    check_servable,
     model_context_length,
     load_causal_lm,
 )
@@ -47,10 +48,20 @@ class RegistrationError(Exception):
     """A model directory cannot be registered (missing, not a model, bad device, foreign draft)."""
 
 
-def read_context_length(directory: Path) -> int:
+def read_model_facts(directory: Path) -> tuple[int, str]:
+    """The directory's context length and the attention the engine will load it with, from its config.
+
+    A model the engine cannot serve (cache layers it cannot roll back, layouts its masks cannot
+    express) is refused here with the engine's one-line reason, never at its first request.
+    """
     if not (directory / "config.json").is_file():
         raise RegistrationError(f"{directory} is not a model directory (no config.json)")
-    return model_context_length(AutoConfig.from_pretrained(directory, local_files_only=True))
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    try:
+        attn_implementation = check_servable(config)
+    except ModelLoadError as exc:
+        raise RegistrationError(f"{directory}: {exc}") from exc
+    return model_context_length(config), attn_implementation
 
 
 def _stored_path(directory: Path) -> str:
@@ -69,10 +80,11 @@ def register_version(name: str, version: str, role: str, directory: Path, device
         raise RegistrationError(f"role must be one of {', '.join(ModelRole.values)}, not {role!r}")
     if device != "cpu" and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise RegistrationError(f"device must be 'cpu' or 'cuda:N', not {device!r}")
+    context_length, attn_implementation = read_model_facts(directory)
     model_version, _ = ModelVersion.objects.get_or_create(
         name=name, version=version, role=role,
-        defaults={"path": _stored_path(directory), "device": device,
-                  "context_length": read_context_length(directory), "default_draft": default_draft},
+        defaults={"path": _stored_path(directory), "device": device, "context_length": context_length,
+                  "attn_implementation": attn_implementation, "default_draft": default_draft},
     )
     if promote and model_version.status != VersionStatus.ACTIVE:
         model_version.promote()
@@ -110,8 +122,8 @@ def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | N
     """
     draft = None
     if draft_dir is not None:
-        read_context_length(target_dir)
-        read_context_length(draft_dir)
+        read_model_facts(target_dir)
+        read_model_facts(draft_dir)
         try:
             check_pair_directories(target_dir, draft_dir)
         except ModelLoadError as exc:

@@ -34,5 +34,6 @@ class Command(BaseCommand):
                 registered = register_version(name, version, role, path, device=device, promote=promote)
         except (RegistrationError, OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue})"
+        self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue}, "
+                          f"{registered.attn_implementation} attention)"
                           + (f" with the DSpark drafter {registered.dspark_path}" if registered.dspark_path else ""))
