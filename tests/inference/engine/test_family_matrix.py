@@ -70,9 +70,11 @@ def reference_greedy(target_dir, family: str, prompts: list[list[int]], **overri
     return outputs
 
 
-def _engine(target, draft, max_rows: int = 4) -> BatchedSpeculativeEngine:
+def _engine(target, draft, max_rows: int = 4, prefill: str = "separate") -> BatchedSpeculativeEngine:
+    """Prompts prefill in chunks of 8: "separate" in a lane of their own, adopted row by row into
+    the batch's cache; "shared" beside the decoding rows in one forward (prefill.py)."""
     return BatchedSpeculativeEngine(target, draft, policy=SpeculationPolicy(enabled=False),
-                                    max_rows=max_rows, prefill_chunk=8)
+                                    max_rows=max_rows, prefill_chunk=8, prefill=prefill)
 
 
 def _busy_batch(prompts, seed: int, sampled: bool = False):
@@ -98,8 +100,9 @@ def test_greedy_output_is_transformers_generate_solo_and_in_a_busy_batch(family,
     prompts = _prompts()
     expected = reference_greedy(target_dir, family, prompts)
     assert any(len(set(tokens)) > 2 for tokens in expected), "a degenerate reference proves little"
-    solo = _engine(target, draft).run([BatchRequest("solo", prompts[0], GenerationConfig(max_new_tokens=MAX_NEW),
-                                                    "draft_model", DraftConfig(length=3))])
+    alone = BatchRequest("solo", prompts[0], GenerationConfig(max_new_tokens=MAX_NEW), "draft_model",
+                         DraftConfig(length=3))
+    solo = _engine(target, draft, prefill="shared").run([alone])
     assert solo["solo"].token_ids == expected[0]
     requests, arrivals = _busy_batch(prompts, seed=len(family))
     results = _engine(target, draft).run(requests, arrivals)
@@ -108,15 +111,15 @@ def test_greedy_output_is_transformers_generate_solo_and_in_a_busy_batch(family,
         assert results[request.request_id].token_ids == expected[index], (family, kind)
     tree = build_drafter("tree", target=target, draft=draft,
                          config=DraftConfig(tree_width=2, tree_depth=3, node_budget=5))
-    alone = SpeculativeDecoder(target, tree).generate(prompts[0], GenerationConfig(max_new_tokens=MAX_NEW))
-    assert alone.token_ids == expected[0]
+    decoded = SpeculativeDecoder(target, tree).generate(prompts[0], GenerationConfig(max_new_tokens=MAX_NEW))
+    assert decoded.token_ids == expected[0]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_seeded_sampled_request_gives_the_same_tokens_alone_and_in_a_batch(family, family_dirs):
     target, draft = load_model_pair(*family_dirs(family), dtype=_dtype(family))
     requests, arrivals = _busy_batch(_prompts(), seed=7, sampled=True)
-    together = _engine(target, draft).run(requests, arrivals)
+    together = _engine(target, draft, prefill="shared").run(requests, arrivals)
     for request in requests[::3]:
         alone = _engine(target, draft, max_rows=1).run([request])
         assert together[request.request_id].token_ids == alone[request.request_id].token_ids, request.request_id
