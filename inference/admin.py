@@ -29,11 +29,13 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from inference.api.serializers import GenerationRequestSerializer
+from inference.engine.drafters.registry import DRAFTERS
 from inference.api.tokenizers import tokenizer_for
 from inference.models import CanaryMismatch, ModelVersion, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.generations import GenerationRefused, submit_generation
 from metadata import admin as metadata_admin
+from metadata.admin_filters import choices_filter
 from metadata.models import Session
 from metadata.sessions import detail_page as session_view
 from core.charts import PALETTE, Series, line_chart
@@ -82,12 +84,20 @@ def tokenizer_decoder(session: Session):
     return decoder
 
 
+def served_queues() -> list[str]:
+    """The device queues of the registered versions (a small table), for the sessions' queue filter."""
+    devices = ModelVersion.objects.order_by().values_list("device", flat=True).distinct()
+    return sorted({ModelVersion(device=device).queue for device in devices})
+
+
 admin.site.unregister(Session)
 
 
 @admin.register(Session)
 class SessionAdmin(metadata_admin.SessionAdmin):
     actions = ["cancel", "rerun_selected"]
+    list_filter = (*metadata_admin.SessionAdmin.list_filter, choices_filter("drafter", lambda: list(DRAFTERS)),
+                   choices_filter("queue", served_queues))
 
     def has_rerun_permission(self, request, obj=None) -> bool:
         return request.user.has_perm("metadata.add_session")

@@ -55,6 +55,38 @@ class SessionSerializer(serializers.ModelSerializer):
         return data
 
 
+# A page of sessions carries each prompt and text cut to this many characters (a page of 500 full
+# sessions was tens of MB); the detail view (``GET /api/v1/sessions/{id}/``) has them whole.
+LIST_TEXT_CAP = 256
+
+
+def capped(text: str) -> tuple[str, bool]:
+    """``text`` cut to ``LIST_TEXT_CAP`` characters, and whether it was cut."""
+    return (text[:LIST_TEXT_CAP], True) if len(text) > LIST_TEXT_CAP else (text, False)
+
+
+class SessionListSerializer(SessionSerializer):
+    """A session as a list page shows it: ``prompt`` and ``text`` capped, a flag saying each was cut."""
+
+    prompt_truncated = serializers.SerializerMethodField(help_text=f"prompt was cut to {LIST_TEXT_CAP} characters.")
+    text_truncated = serializers.SerializerMethodField(help_text=f"text was cut to {LIST_TEXT_CAP} characters.")
+
+    class Meta(SessionSerializer.Meta):
+        fields = (*SessionSerializer.Meta.fields, "prompt_truncated", "text_truncated")
+        read_only_fields = fields
+
+    def get_prompt_truncated(self, instance: Session) -> bool:
+        return capped(instance.prompt)[1]
+
+    def get_text_truncated(self, instance: Session) -> bool:
+        return capped(instance.text)[1]
+
+    def to_representation(self, instance: Session) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["prompt"], data["text"] = capped(instance.prompt)[0], capped(instance.text)[0]
+        return data
+
+
 class TokenSerializer(serializers.ModelSerializer):
     kind = serializers.CharField(source="get_kind_display")
 

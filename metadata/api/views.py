@@ -27,6 +27,7 @@ from metadata.api.pagination import (
 )
 from metadata.api.serializers import (
     CandidateSerializer,
+    SessionListSerializer,
     SessionSerializer,
     TokenSerializer,
     public_error,
@@ -62,6 +63,10 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     def get_queryset(self):
         return Session.objects.filter(tenant=tenant_of(self.request.user)).select_related("target")
+
+    def get_serializer_class(self):
+        """A list page caps each prompt and text (``SessionListSerializer``); one session is whole."""
+        return SessionListSerializer if self.action == "list" else super().get_serializer_class()
 
     def retrieve(self, request, pk=None):
         """One session, read through the two-tier cache (never older than the caller's writes)."""
