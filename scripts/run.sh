@@ -90,7 +90,7 @@ echo "database ready; the demo models build on (pid ${build[0]}, log var/log/dem
 cat <<TXT
 
 SpecOps is running ($gpus GPU queue(s) + cpu + maintenance):
-  API       http://$HOST:$PORT/api/v1/        (docs: http://$HOST:$PORT/api/docs/)
+  API       http://$HOST:$PORT/api/v1/        (docs: http://$HOST:$PORT/api/docs/ once logged in to the admin)
   OpenAI    http://$HOST:$PORT/v1/            (model "demo")
   Admin     http://$HOST:$PORT/admin/          (the operator's login: printed above on first run)
   Metrics   http://$HOST:$PORT/metrics

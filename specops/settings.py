@@ -89,6 +89,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from the installed package (no CDN)
     "django_celery_beat",
     "django_prometheus",
     "core.apps.CoreConfig",
@@ -172,6 +173,12 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "LLM generation with speculative decoding, and its session metadata.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and the docs need a signed-in caller (a token, or the admin's session): counted by
+    # the per-user throttles, not by a spoofable X-Forwarded-For (core.schema_views).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Celery: the broker defaults to Redis; RabbitMQ works by setting CELERY_BROKER_URL.

@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
+from core.schema_views import CachedSpectacularAPIView
 from ops.views import dashboard, latency_budget
 
 # Errors are JSON in the called API's shape, never a traceback or an HTML page (core.error_views).
@@ -17,7 +18,8 @@ urlpatterns = [
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("metadata.api.urls")),
     path("v1/", include("inference.api.openai.urls")),  # the OpenAI-compatible protocol
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # signed-in callers only, the schema built once per process, Swagger UI from the package (core.schema_views)
+    path("api/schema/", CachedSpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("django_prometheus.urls")),
 ]
