@@ -140,13 +140,17 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
         raise bad_param(None, "request body: expected a JSON object.", code="invalid_body")
     specific = ("prompt",) if kind == COMPLETION else ("messages", "max_completion_tokens")
     unsupported_fields = UNSUPPORTED_COMPLETION if kind == COMPLETION else UNSUPPORTED_CHAT
+    unknown = [name for name in body if name not in unsupported_fields and name not in COMMON_FIELDS
+               and name not in specific and name not in IGNORED]
+    if unknown:  # every one named (as OpenAI does), ``param`` the first
+        plural = "s" if len(unknown) > 1 else ""
+        raise bad_param(unknown[0], f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}",
+                        code="unknown_parameter")
     for name, value in body.items():
         if name in unsupported_fields:
             accepts, meaning = unsupported_fields[name]
             if not accepts(value):
                 raise unsupported(name, meaning)
-        elif name not in COMMON_FIELDS and name not in specific and name not in IGNORED:
-            raise bad_param(name, f"Unrecognized request argument supplied: {name}", code="unknown_parameter")
 
     model = body.get("model")
     if not isinstance(model, str) or not model:

@@ -184,3 +184,9 @@ def test_openai_unknown_fields_are_refused_by_name(client):
     response = post(client, "/v1/completions", {"model": "tiny", "prompt": "x", "max_new_tokens": 5})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "max_new_tokens"
+    response = post(client, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                      "max_new_tokens": 5, "tempreature": 0})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "max_new_tokens", error
+    assert "max_new_tokens" in error["message"] and "tempreature" in error["message"]
+    assert error["code"] == "unknown_parameter" and not Session.objects.exists()
