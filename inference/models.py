@@ -52,6 +52,15 @@ class VersionStatus(models.TextChoices):
     RETIRED = "retired"
 
 
+class LoadDtype(models.TextChoices):
+    """The dtype a version loads in; DEFAULT: float32 on a CPU, the checkpoint's own on an accelerator."""
+
+    DEFAULT = "", "default (float32 on a CPU, the checkpoint's own on an accelerator)"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
 class VariantKind(models.TextChoices):
     ORIGINAL = "original", "original (as saved)"
     INT8 = "int8", "int8 (dynamic quantisation)"
@@ -73,6 +82,8 @@ class ModelVersion(models.Model):
         help_text="The attention the engine loads it with: sdpa, or eager for a family without SDPA "
                   "(Gemma 2); empty: registered before this was recorded.",
     )
+    dtype = models.CharField(max_length=8, choices=LoadDtype.choices, blank=True, default=LoadDtype.DEFAULT,
+                             help_text="register_model --dtype; the loader's default when empty.")
     status = models.CharField(max_length=8, choices=VersionStatus.choices, default=VersionStatus.STAGED)
     default_draft = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",

@@ -22,7 +22,7 @@ from inference.engine.models.loading import (
     model_context_length,
     load_causal_lm,
 )
-from inference.models import ModelRole, ModelVersion, VersionStatus
+from inference.models import LoadDtype, ModelRole, ModelVersion, VersionStatus
 
 DEMO_NAME = "demo"
 QUICK_PREFIX = "quick-"
@@ -74,17 +74,20 @@ def _stored_path(directory: Path) -> str:
 
 @transaction.atomic
 def register_version(name: str, version: str, role: str, directory: Path, device: str = "cpu",
-                     default_draft: ModelVersion | None = None, promote: bool = False) -> ModelVersion:
+                     default_draft: ModelVersion | None = None, promote: bool = False,
+                     dtype: str = LoadDtype.DEFAULT) -> ModelVersion:
     """Create (or return the existing) version; optionally promote it."""
     if role not in ModelRole.values:
         raise RegistrationError(f"role must be one of {', '.join(ModelRole.values)}, not {role!r}")
     if device != "cpu" and not (device.startswith("cuda:") and device[5:].isdigit()):
         raise RegistrationError(f"device must be 'cpu' or 'cuda:N', not {device!r}")
+    if dtype not in LoadDtype.values:
+        raise RegistrationError(f"dtype must be one of {', '.join(v for v in LoadDtype.values if v)}, not {dtype!r}")
     context_length, attn_implementation = read_model_facts(directory)
     model_version, _ = ModelVersion.objects.get_or_create(
         name=name, version=version, role=role,
         defaults={"path": _stored_path(directory), "device": device, "context_length": context_length,
-                  "attn_implementation": attn_implementation, "default_draft": default_draft},
+                  "attn_implementation": attn_implementation, "default_draft": default_draft, "dtype": dtype},
     )
     if promote and model_version.status != VersionStatus.ACTIVE:
         model_version.promote()
@@ -114,7 +117,8 @@ def attach_dspark(target: ModelVersion, dspark_dir: Path) -> ModelVersion:
 
 @transaction.atomic
 def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | None, device: str = "cpu",
-                  promote: bool = True, dspark_dir: Path | None = None) -> ModelVersion:
+                  promote: bool = True, dspark_dir: Path | None = None,
+                  dtype: str = LoadDtype.DEFAULT) -> ModelVersion:
     """Register a target with its draft as its default draft; return the target version.
 
     The draft must share the target's tokenizer and EOS (checked from the directories' tokenizers,
@@ -128,11 +132,11 @@ def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | N
             check_pair_directories(target_dir, draft_dir)
         except ModelLoadError as exc:
             raise RegistrationError(str(exc)) from exc
-        draft = register_version(name, version, ModelRole.DRAFT, draft_dir, device, promote=promote)
+        draft = register_version(name, version, ModelRole.DRAFT, draft_dir, device, promote=promote, dtype=dtype)
     if dspark_dir is not None:
         check_dspark_directory(target_dir, dspark_dir)  # before anything is written
     target = register_version(name, version, ModelRole.TARGET, target_dir, device, default_draft=draft,
-                              promote=promote)
+                              promote=promote, dtype=dtype)
     if dspark_dir is not None:
         attach_dspark(target, dspark_dir)
     return target

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.models import ModelRole
+from inference.models import LoadDtype, ModelRole
 from inference.registry import RegistrationError, register_pair, register_version
 
 
@@ -21,19 +21,22 @@ class Command(BaseCommand):
         parser.add_argument("--dspark", type=Path,
                             help="A DSpark checkpoint directory (DeepSpec's layout) trained for the target.")
         parser.add_argument("--device", default="cpu")
+        parser.add_argument("--dtype", choices=[value for value in LoadDtype.values if value], default="",
+                            help="Load in this dtype (default: float32 on a CPU, the checkpoint's own on cuda).")
         parser.add_argument("--promote", action="store_true")
 
-    def handle(self, *args, name, version, path, role, draft, dspark, device, promote, **options) -> None:
+    def handle(self, *args, name, version, path, role, draft, dspark, device, dtype, promote, **options) -> None:
         try:
             if dspark is not None and role != ModelRole.TARGET:
                 raise CommandError("--dspark: only a target has a DSpark drafter (drop --role or --dspark)")
             if role == ModelRole.TARGET:
                 registered = register_pair(name, version, path, draft, device=device, promote=promote,
-                                           dspark_dir=dspark)
+                                           dspark_dir=dspark, dtype=dtype)
             else:
-                registered = register_version(name, version, role, path, device=device, promote=promote)
+                registered = register_version(name, version, role, path, device=device, promote=promote,
+                                              dtype=dtype)
         except (RegistrationError, OSError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue}, "
-                          f"{registered.attn_implementation} attention)"
+                          f"{registered.attn_implementation} attention, {registered.dtype or 'default'} dtype)"
                           + (f" with the DSpark drafter {registered.dspark_path}" if registered.dspark_path else ""))

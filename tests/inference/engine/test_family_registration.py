@@ -1,4 +1,4 @@
-"""`register_model` records the attention a model loads with and refuses, in one line, what the engine cannot serve.
+"""`register_model` records how a model loads (attention, dtype) and refuses, in one line, what the engine cannot serve.
 
 The refusal comes at registration, before anything is written, never at the model's first request.
 """
@@ -7,9 +7,11 @@ from __future__ import annotations
 from io import StringIO
 
 import pytest
+import torch
 from django.core.management import CommandError, call_command
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from inference.engine.models.loading import load_causal_lm
 from inference.models import ModelVersion
 
 from .family_models import save_family_pair, shared_tokenizer
@@ -43,3 +45,18 @@ def test_a_model_the_engine_cannot_serve_is_refused_at_registration_and_nothing_
             register("odd", "1", *args)
         assert "\n" not in str(refused.value) and str(hybrid) in str(refused.value)
     assert not ModelVersion.objects.filter(name="odd").exists()
+
+
+@pytest.mark.django_db
+def test_a_half_precision_checkpoint_loads_in_float32_on_a_cpu_unless_registered_with_a_dtype(tmp_path):
+    target_dir, _ = save_family_pair("qwen3", tmp_path)
+    half = tmp_path / "half"
+    AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).save_pretrained(half)
+    shared_tokenizer().save_pretrained(half)
+    assert load_causal_lm(half).model.dtype == torch.float32
+    assert "bfloat16 dtype" in register("half", "1", half, "--role", "draft", "--dtype", "bfloat16")
+    version = ModelVersion.objects.get(name="half")
+    assert version.dtype == "bfloat16"
+    assert load_causal_lm(version.directory, dtype=version.dtype or None).model.dtype == torch.bfloat16
+    with pytest.raises(CommandError, match="invalid choice"):
+        register("half", "2", half, "--dtype", "float8")

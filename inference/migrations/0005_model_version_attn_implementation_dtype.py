@@ -15,4 +15,9 @@ class Migration(migrations.Migration):
             name='attn_implementation',
             field=models.CharField(blank=True, default='', help_text='The attention the engine loads it with: sdpa, or eager for a family without SDPA (Gemma 2); empty: registered before this was recorded.', max_length=16),
         ),
+        migrations.AddField(
+            model_name='modelversion',
+            name='dtype',
+            field=models.CharField(blank=True, choices=[('', "default (float32 on a CPU, the checkpoint's own on an accelerator)"), ('float32', 'Float32'), ('bfloat16', 'Bfloat16'), ('float16', 'Float16')], default='', help_text="register_model --dtype; the loader's default when empty.", max_length=8),
+        ),
     ]
