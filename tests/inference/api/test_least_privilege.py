@@ -99,3 +99,14 @@ def test_concurrent_promotions_of_one_name_serialise(tiny_model):
     assert sorted(answers.values()) == [200, 200], answers
     active = ModelVersion.objects.filter(name="tiny", role="target", status="active")
     assert active.count() == 1 and active.get().pk in {v.pk for v in versions}
+
+
+@pytest.mark.django_db
+def test_the_openai_models_list_shows_active_targets_only(api_client, tenant, tiny_model):
+    register_version("staged-only", "1", "target", tiny_model.directory)
+    staged = register_version("tiny", "2", "target", tiny_model.directory)
+    promoter = client_of(staff("carol", promoter=True, tenant=tenant))  # the /v1/ API needs a tenant
+    for client in (api_client, promoter):
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["tiny"]
+        assert client.get("/v1/models/staged-only").status_code == 404
+        assert client.get(f"/v1/models/tiny:{staged.version}").status_code == 404
