@@ -7,6 +7,7 @@ standard library, a real Hugging Face checkpoint — goes through the same `Auto
 
 from __future__ import annotations
 
+import json
 import os
 import weakref
 from collections.abc import Callable
@@ -135,6 +136,29 @@ def read_servable_config(path: str | os.PathLike[str]) -> tuple[PretrainedConfig
     except (OSError, ValueError, KeyError) as error:
         raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
     return config, check_servable(config)
+
+
+# generation_config.json settings that make transformers' `generate` add a logits processor, with
+# their no-op values. The engine samples from the model's own logits (soft-caps included) with the
+# request's temperature, top-k and top-p only, so a checkpoint that sets one of these generates
+# otherwise under `generate`: registration says so (`unapplied_generation_settings`).
+_PROCESSOR_SETTINGS: dict[str, tuple[Any, ...]] = {
+    "repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0), "bad_words_ids": (None, []),
+    "suppress_tokens": (None, []), "begin_suppress_tokens": (None, []), "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,), "sequence_bias": (None, {}, []), "min_new_tokens": (None, 0),
+    "min_length": (None, 0), "exponential_decay_length_penalty": (None,), "typical_p": (None, 1.0),
+    "min_p": (None, 0.0), "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0),
+}
+
+
+def unapplied_generation_settings(path: str | os.PathLike[str]) -> list[str]:
+    """The directory's generation_config.json settings the engine does not apply, as `name=value`."""
+    try:
+        settings = json.loads((Path(os.fspath(path)) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [f"{name}={settings[name]!r}" for name, neutral in _PROCESSOR_SETTINGS.items()
+            if name in settings and settings[name] not in neutral]
 
 
 def _resolve_dtype(device: torch.device, dtype: torch.dtype | str | None) -> torch.dtype | str:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.engine.models.loading import unapplied_generation_settings
 from inference.models import LoadDtype, ModelRole
 from inference.registry import RegistrationError, register_pair, register_version
 
@@ -40,3 +41,8 @@ class Command(BaseCommand):
         self.stdout.write(f"registered {registered} on {registered.device} (queue {registered.queue}, "
                           f"{registered.attn_implementation} attention, {registered.dtype or 'default'} dtype)"
                           + (f" with the DSpark drafter {registered.dspark_path}" if registered.dspark_path else ""))
+        unapplied = unapplied_generation_settings(path) if role == ModelRole.TARGET else []
+        if unapplied:
+            self.stdout.write(f"note: {path}/generation_config.json sets {', '.join(unapplied)}; the engine does "
+                              "not apply these (it samples from the model's own logits), so its outputs may "
+                              "differ from transformers' generate with the checkpoint's defaults")

@@ -4,6 +4,7 @@ The refusal comes at registration, before anything is written, never at the mode
 """
 from __future__ import annotations
 
+import json
 from io import StringIO
 
 import pytest
@@ -60,3 +61,15 @@ def test_a_half_precision_checkpoint_loads_in_float32_on_a_cpu_unless_registered
     assert load_causal_lm(version.directory, dtype=version.dtype or None).model.dtype == torch.bfloat16
     with pytest.raises(CommandError, match="invalid choice"):
         register("half", "2", half, "--dtype", "float8")
+
+
+@pytest.mark.django_db
+def test_registration_names_the_checkpoints_generation_settings_the_engine_does_not_apply(tmp_path):
+    target_dir, draft_dir = save_family_pair("llama", tmp_path)
+    assert "note:" not in register("plain", "1", target_dir, "--draft", draft_dir)
+    settings = json.loads((target_dir / "generation_config.json").read_text())
+    settings |= {"repetition_penalty": 1.05, "no_repeat_ngram_size": 0, "temperature": 0.7}
+    (target_dir / "generation_config.json").write_text(json.dumps(settings))
+    printed = register("penalised", "1", target_dir, "--draft", draft_dir)
+    assert "generation_config.json sets repetition_penalty=1.05; the engine does not apply these" in printed
+    assert ModelVersion.objects.filter(name="penalised").count() == 2  # noted, not refused
