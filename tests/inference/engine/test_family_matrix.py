@@ -21,6 +21,7 @@ from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, 
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.batch.policy import SpeculationPolicy
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.kv.ragged import RaggedCache, RowInput
 from inference.engine.kv.rollback import new_cache
 from inference.engine.kv.slab import SlabLayer
 from inference.engine.kv.windows import attention_layout
@@ -138,6 +139,43 @@ def test_the_window_changes_what_the_model_says(family, family_dirs):
                                                       sliding_window=10_000).eval()
     ids = torch.tensor(prompts)
     assert not torch.allclose(windowed(ids).logits[0, -1], unwindowed(ids).logits[0, -1])
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_a_windowed_rows_logits_in_a_ragged_batch_are_its_own_before_and_after_compaction(family, family_dirs):
+    """Rows padded to the longest and rejected tokens leave holes, and a row goes on after them, so
+    a token's slot is not its position: the window counts positions. Each row's logits equal
+    transformers' own windowed forward of the row alone."""
+    target, _ = load_model_pair(*family_dirs(family), dtype=torch.float64)
+    sequences = [list(range(5, 5 + 3 * WINDOW)), [11, 12], list(range(40, 40 + 2 * WINDOW))]
+    cache = RaggedCache(target.model)
+    for _ in sequences:
+        cache.add_row()
+    cache.forward([RowInput(seq + [60, 61], list(range(len(seq) + 2))) for seq in sequences])
+    for row, seq in enumerate(sequences):
+        cache.truncate_row(row, len(seq))  # the junk becomes holes
+    more = [[70 + index for index in range(WINDOW)] for _ in sequences]
+    cache.forward([RowInput(tokens, list(range(len(seq), len(seq) + WINDOW))) for seq, tokens in zip(sequences, more)])
+    sequences = [seq + tokens for seq, tokens in zip(sequences, more)]
+    assert cache.row_slots(1)[2] != 2
+
+    def next_logits() -> list[torch.Tensor]:
+        logits = cache.forward([RowInput([1], [len(seq)]) for seq in sequences])
+        for row, seq in enumerate(sequences):
+            cache.truncate_row(row, len(seq))
+        return [row_logits[-1] for row_logits in logits]
+
+    # Gemma 2's eager attention takes its softmax in float32 (a window's error would be ~0.1)
+    tolerance = 1e-9 if target.attn_implementation == "sdpa" else 1e-5
+    before = next_logits()
+    assert cache.holes() > 0
+    cache.compact()
+    after = next_logits()
+    with torch.inference_mode():
+        for seq, got_before, got_after in zip(sequences, before, after):
+            alone = target.model(torch.tensor([seq + [1]])).logits[0, -1]
+            assert torch.allclose(got_before, alone, rtol=0, atol=tolerance)
+            assert torch.allclose(got_after, alone, rtol=0, atol=tolerance)
 
 
 def test_attention_is_sdpa_where_the_class_supports_it_else_eager(family_dirs):
