@@ -129,15 +129,6 @@ def check_servable(config: PretrainedConfig) -> str:
     return implementation
 
 
-def read_servable_config(path: str | os.PathLike[str]) -> tuple[PretrainedConfig, str]:
-    """A model directory's config and the attention it will load with (`check_servable`), without weights."""
-    try:
-        config = AutoConfig.from_pretrained(os.fspath(path), local_files_only=True)
-    except (OSError, ValueError, KeyError) as error:
-        raise ModelLoadError(f"cannot read the model config in {path}: {error}") from error
-    return config, check_servable(config)
-
-
 # generation_config.json settings that make transformers' `generate` add a logits processor, with
 # their no-op values. The engine samples from the model's own logits (soft-caps included) with the
 # request's temperature, top-k and top-p only, so a checkpoint that sets one of these generates
