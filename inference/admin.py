@@ -32,6 +32,7 @@ from inference.api.serializers import GenerationRequestSerializer
 from inference.engine.drafters.registry import DRAFTERS
 from inference.api.tokenizers import tokenizer_for
 from inference.models import CanaryMismatch, ModelVersion, VersionStatus
+from inference.registry import DeviceNotServed, promote_version
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.generations import GenerationRefused, submit_generation
 from metadata import admin as metadata_admin
@@ -288,7 +289,12 @@ class ModelVersionAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/inference/modelversion/promote_confirmation.html", context)
 
     def _promote(self, request, version: ModelVersion) -> None:
-        replaced = version.promote()
+        """Promote in a transaction of its own (the row locks need one) once a worker serves its device."""
+        try:
+            replaced = promote_version(version)
+        except DeviceNotServed as exc:
+            self.message_user(request, f"{version} was not promoted: {exc}", messages.ERROR)
+            return
         retired = ", ".join(map(str, replaced)) or "none"
         note = ("; the prediction cache entries of the retired versions are invalidated" if replaced
                 else "; nothing was active, so no prediction cache entry changes")

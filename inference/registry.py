@@ -4,9 +4,12 @@ The demo pair comes in two versions: `quick-<seed>`, built in seconds so that a 
 serves at once, and `seed<seed>`, the full pair that trains in the background and replaces
 it (`register_demo_pair` decides which is promoted). `pending_build` tells the API that a
 requested model is still being built (a 503 with Retry-After, not a 404 nor a hang).
+`promote_version` is how the REST API and the admin promote: only to a device a running worker
+serves.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,8 @@ from inference.engine.models.loading import (
     load_causal_lm,
 )
 from inference.models import LoadDtype, ModelRole, ModelVersion, VersionStatus
+
+logger = logging.getLogger(__name__)
 
 DEMO_NAME = "demo"
 QUICK_PREFIX = "quick-"
@@ -205,3 +210,54 @@ def pending_build(model: str, version: str | None = None) -> dict[str, Any] | No
                  f"try again in {wait}."),
     )
     return record
+
+
+# How long a promotion waits for the running workers to say which queues they consume.
+SERVED_QUEUES_TIMEOUT_S = 1.0
+
+
+class DeviceNotServed(RegistrationError):
+    """No running worker consumes the version's device queue: promoted, it would take every
+    request of its name to a queue nobody reads (they failed an hour later)."""
+
+
+def served_queues(timeout: float = SERVED_QUEUES_TIMEOUT_S) -> set[str] | None:
+    """The queues the running Celery workers consume, from their answers to an ``active_queues``
+    broadcast (Celery's remote control: each worker announces its own queues); None when no
+    worker answers within ``timeout`` (none runs, or their control channel is off: unknown)."""
+    from celery import current_app
+
+    try:
+        replies = current_app.control.inspect(timeout=timeout).active_queues()
+    except Exception:  # the broker is unreachable: unknown, as when nobody answers
+        logger.warning("promotion: the workers' queues could not be asked", exc_info=True)
+        return None
+    if not replies:
+        return None
+    return {queue["name"] for queues in replies.values() for queue in (queues or ())}
+
+
+def check_device_served(version: ModelVersion) -> None:
+    """Raise ``DeviceNotServed`` when workers answer and none consumes ``version``'s device queue.
+
+    When no worker answers at all, nothing is known (the version's queue may be served by a
+    worker that is busy or not yet started): the promotion goes ahead, with a warning logged.
+    """
+    served = served_queues()
+    if served is None:
+        logger.warning("promotion of %s: no worker answered within %.1f s; its queue %s is not checked",
+                       version, SERVED_QUEUES_TIMEOUT_S, version.queue)
+        return
+    if version.queue not in served:
+        raise DeviceNotServed(
+            f"no running worker serves device {version.device} (queue {version.queue}); the workers that "
+            f"answered consume {', '.join(sorted(served))}. Start one (celery -A specops worker -Q "
+            f"{version.queue}, SPECOPS_WORKER_DEVICE={version.device}) before promoting {version}.")
+
+
+def promote_version(version: ModelVersion) -> list[ModelVersion]:
+    """Promote ``version`` (one transaction: a concurrent promotion of its name waits on the row
+    locks ``ModelVersion.promote`` takes) once a worker serves its device; return what it replaced."""
+    check_device_served(version)
+    with transaction.atomic():
+        return version.promote()

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from django.db import transaction
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
@@ -19,6 +18,7 @@ from inference.api.serializers import (
 )
 from inference.generations import GenerationRefused, ModelNotServed, start_generation
 from inference.models import ModelVersion, VersionStatus
+from inference.registry import DeviceNotServed, promote_version
 from metadata.api.tenancy import tenant_of
 
 
@@ -104,9 +104,13 @@ class ModelVersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, view
 
     @action(detail=True, methods=["post"], permission_classes=[IsAuthenticated, CanPromote])
     def promote(self, request, pk=None):
+        """Make this version the active one of its name and role; a 400 on ``device`` when no running
+        worker serves its device (``inference.registry.promote_version``)."""
         version = self.get_object()
-        with transaction.atomic():
-            replaced = version.promote()
+        try:
+            replaced = promote_version(version)
+        except DeviceNotServed as exc:
+            raise ValidationError({"device": [str(exc)]}) from None
         data = self.get_serializer(version).data
         data["replaced"] = [v.pk for v in replaced]
         return Response(data)
