@@ -19,8 +19,9 @@ vLLM's `--max-concurrency`), by:
 Aggregate tok/s = all tokens / wall time; TTFT = time from arrival to a request's first token;
 ITL = per-token gap between a request's streamed steps (vLLM's definition; HF static gives
 only its total, so its TTFT/ITL columns are empty). Then end to end through the API with a
-real Celery worker (threads pool, the batching loop) and an async client: aggregate tok/s at 1
-and 8 concurrent requests. Each figure is measured in this run, so ratios compare like with like.
+real Celery worker (threads pool, the batching loop feeding its engine-core process) and an
+async client: aggregate tok/s, TTFT and ITL at 1 and 8 concurrent requests, beside the engine's
+own on the same workload. Each figure is measured in this run, so ratios compare like with like.
 
 Before it, `CEILING batch8_over_sequential=<x> ours_over_hf_batch8=<x>`: the most those two
 ratios could be in this run, the batched engine's ideal at c=8 (its forwards as measured in the
@@ -29,6 +30,9 @@ Last line:
 RESULT batch8_over_sequential=<x> spec_over_plain_batch1=<x> spec_over_plain_batch8=<x>
        ours_over_hf_batch8=<x> greedy_identical_batched=<bool> api_concurrency8_over_1=<x>
        spec_over_plain_batch16=<x> dspark_tau_over_chain_t1=<x>
+       api_over_engine_batch1=<x> api_over_engine_batch8=<x>
+api_over_engine_batchC: the API's tok/s at c concurrent over the batched engine's own on the same
+workload in this process (its torch threads those of the worker, OMP_NUM_THREADS, default 1).
 dspark_tau_over_chain_t1: DSpark's accepted length (bonus token included) over the draft-model
 chain's at the same block, T = 1, one-at-a-time over the prompts (absent without a checkpoint).
 """
@@ -322,14 +326,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def measure_api(model_dir: Path, args: argparse.Namespace) -> dict[int, float]:
-    """Aggregate tok/s through the API at 1 and 8 concurrent requests (bench/serving_api.py)."""
-    from bench.serving_api import api_throughput
+def measure_api(model_dir: Path, args: argparse.Namespace, target=None, draft=None) -> dict[str, float]:
+    """tok/s through the API at 1 and 8 concurrent requests, and the engine's own on the same
+    workload in this process (bench/serving_api.py): the API's ratios."""
+    from bench.serving_api import api_throughput, engine_throughput
 
+    if target is None:
+        target, draft = load_demo_pair(model_dir, args.device)
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))  # the worker's core runs with these
+    engine = engine_throughput(target, draft, [1, 8], args.api_requests, args.max_new_tokens, threads)
+    for c, measure in engine.items():
+        print(f"  engine alone ({threads} torch thread(s)), c={c}: {measure.describe()}", flush=True)
     api = api_throughput(model_dir, [1, 8], args.api_requests, args.max_new_tokens, args.admin_url,
                          args.redis_db)
-    print("  API end to end: " + ", ".join(f"c={c} {v:.1f} tok/s" for c, v in api.items()), flush=True)
-    return api
+    for c, measure in api.items():
+        print(f"  API end to end, c={c}: {measure.describe()}", flush=True)
+    return {"api_concurrency8_over_1": api[8].tokens_per_second / api[1].tokens_per_second,
+            "api_over_engine_batch1": api[1].tokens_per_second / engine[1].tokens_per_second,
+            "api_over_engine_batch8": api[8].tokens_per_second / engine[8].tokens_per_second}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     require_demo_pair(model_dir)
     if args.api_only:
         api = measure_api(model_dir, args)
-        print(f"API api_concurrency8_over_1={api[8] / api[1]:.2f}")
+        print("API " + " ".join(f"{key}={value:.2f}" for key, value in api.items()))
         return 0
     target, draft = load_demo_pair(model_dir, args.device)
     tokenizer = target.tokenizer
@@ -385,16 +399,15 @@ def main(argv: list[str] | None = None) -> int:
 
     if 8 in args.concurrency:
         print_ceiling(args, target.model, draft.model, acceptance, tps("sequential", 8), tps("hf_static", 8))
-    api_ratio = float("nan")
+    api = {"api_concurrency8_over_1": float("nan")}
     if not args.skip_api:
-        api = measure_api(model_dir, args)
-        api_ratio = api[8] / api[1]
+        api = measure_api(model_dir, args, target, draft)
     print(f"RESULT batch8_over_sequential={tps('spec_batch', 8) / tps('sequential', 8):.2f} "
           f"spec_over_plain_batch1={tps('spec_batch', 1) / tps('plain_batch', 1):.2f} "
           f"spec_over_plain_batch8={tps('spec_batch', 8) / tps('plain_batch', 8):.2f} "
           f"ours_over_hf_batch8={tps('spec_batch', 8) / tps('hf_static', 8):.2f} "
           f"greedy_identical_batched={str(identical).lower()} "
-          f"api_concurrency8_over_1={api_ratio:.2f}"
+          + " ".join(f"{key}={value:.2f}" for key, value in api.items())
           + (f" spec_over_plain_batch16={tps('spec_batch', 16) / tps('plain_batch', 16):.2f}"
              if 16 in args.concurrency else "")
           + (f" dspark_tau_over_chain_t1={dspark_tau_over_chain(target.model, draft.model, dspark, prompts[:8], args.max_new_tokens):.2f}"

@@ -1,4 +1,4 @@
-"""End-to-end part of bench/serving.py: aggregate tok/s through the API with a real batching worker.
+"""End-to-end part of bench/serving.py: the API's tok/s with a real batching worker, against the engine's own.
 
 Starts, on a database of its own (`specops_bench_serving`, made afresh and dropped at the end)
 and a Redis database of its own (`--redis-db` of bench/serving.py, default 7, flushed first:
@@ -7,7 +7,11 @@ they were: one Celery worker on the `cpu` queue as production runs it (threads p
 SPECOPS_MAX_BATCH, one batching loop) and one ASGI web server; registers the demo pair; then,
 at each concurrency c, keeps c requests in flight (POST /api/v1/generations/, temperature 0.7,
 no seed so the prediction cache cannot answer) until `requests` have finished, following each
-session until it ends. Aggregate tok/s = generated tokens / wall time.
+session's stream until it ends. Aggregate tok/s = generated tokens / wall time; TTFT (POST to
+the first ``tokens`` event) and ITL (gap between two streamed steps, per token) as the client
+sees them. `engine_throughput` runs the same workload (prompt, temperature, drafter, new tokens,
+closed loop of c) on the batched engine in this process, with the worker's torch threads: what
+the API could make if nothing but the engine cost anything (`api_over_engine`).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.common import (
@@ -35,6 +40,58 @@ from bench.common import (
 
 BENCH_QUEUE = "cpu"
 BENCH_DB = "specops_bench_serving"
+PROMPT = "def parse_config(path):\n    "
+TEMPERATURE = 0.7  # no seed: the prediction cache cannot answer
+
+
+@dataclass
+class Measure:
+    """One concurrency's figures: tokens per second, and each request's TTFT and per-token ITL."""
+
+    tokens_per_second: float = 0.0
+    ttft: list[float] = field(default_factory=list)
+    itl: list[float] = field(default_factory=list)
+
+    def describe(self) -> str:
+        from bench.serving import percentile
+
+        def ms(values, q):
+            value = percentile(values, q)
+            return f"{value * 1000:.0f}" if value is not None else "-"
+
+        return (f"{self.tokens_per_second:.1f} tok/s, TTFT p50/p95 {ms(self.ttft, 50)}/{ms(self.ttft, 95)} ms, "
+                f"ITL p50/p95 {ms(self.itl, 50)}/{ms(self.itl, 95)} ms")
+
+
+def engine_throughput(target, draft, concurrencies: list[int], requests: int, max_new_tokens: int,
+                      threads: int) -> dict[int, Measure]:
+    """The API's workload on the batched engine alone, in this process, with ``threads`` torch threads."""
+    import torch
+
+    from bench.serving import run_batched
+    from inference.engine import GenerationConfig
+    from inference.engine.batch.engine import BatchedSpeculativeEngine
+    from inference.engine.batch.policy import SpeculationPolicy
+    from inference.engine.drafters import DRAFTERS
+
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        prompt = target.tokenizer(PROMPT)["input_ids"]
+        generation = GenerationConfig(max_new_tokens=max_new_tokens, temperature=TEMPERATURE,
+                                      eos_token_id=target.tokenizer.eos_token_id)
+        gamma = DRAFTERS["draft_model"].draft_config({}).length
+        out = {}
+        for concurrency in concurrencies:
+            engine = BatchedSpeculativeEngine(target, draft, policy=SpeculationPolicy(enabled=True),
+                                              max_rows=max(concurrencies))
+            run_batched("engine", engine, [prompt], generation, "draft_model", gamma, 1)  # warm-up
+            run = run_batched("engine", engine, [prompt] * max(requests, concurrency), generation,
+                              "draft_model", gamma, concurrency)
+            out[concurrency] = Measure(run.tokens_per_second, run.ttft, run.itl)
+        return out
+    finally:
+        torch.set_num_threads(was)
 
 
 def _own_services(admin_url: str, redis_db: int) -> None:
@@ -96,13 +153,13 @@ def _wait_ready(check, timeout: float, what: str, processes) -> None:
     raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
 
 
-async def _one(client, headers, max_new_tokens: int) -> int:
+async def _one(client, headers, max_new_tokens: int, measure: Measure) -> int:
     """One generation followed as a client follows it: its SSE stream until the `done` event."""
-    body = {"prompt": "def parse_config(path):\n    ", "max_new_tokens": max_new_tokens,
-            "temperature": 0.7}
+    body = {"prompt": PROMPT, "max_new_tokens": max_new_tokens, "temperature": TEMPERATURE}
+    sent = time.perf_counter()
     created = await client.post("/api/v1/generations/", json=body, headers=headers)
     created.raise_for_status()
-    tokens, event = 0, None
+    tokens, event, last = 0, None, None
     async with client.stream("GET", created.json()["stream_url"], headers=headers) as stream:
         async for line in stream.aiter_lines():
             if line.startswith("event:"):
@@ -110,7 +167,13 @@ async def _one(client, headers, max_new_tokens: int) -> int:
             elif line.startswith("data:") and event in ("tokens", "done"):
                 data = json.loads(line.partition(":")[2])
                 if event == "tokens":
-                    tokens += len(data["token_ids"])
+                    now, count = time.perf_counter(), len(data["token_ids"])
+                    if last is None:
+                        measure.ttft.append(now - sent)
+                    elif count:
+                        measure.itl.extend([(now - last) / count] * count)
+                    last = now
+                    tokens += count
                 elif data["status"] != "succeeded":
                     raise RuntimeError(f"session {data['status']}: {data.get('error')}")
                 else:
@@ -119,7 +182,7 @@ async def _one(client, headers, max_new_tokens: int) -> int:
 
 
 async def _measure(base_url: str, token: str, concurrency: int, requests: int,
-                   max_new_tokens: int) -> float:
+                   max_new_tokens: int) -> Measure:
     import httpx2 as httpx  # the HTTP client the openai package brings
 
     for name in ("httpx", "httpx2"):
@@ -127,23 +190,25 @@ async def _measure(base_url: str, token: str, concurrency: int, requests: int,
     headers = {"Authorization": f"Token {token}"}
     remaining = requests
     tokens = 0
+    measure = Measure()
 
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
         async def lane() -> None:
             nonlocal remaining, tokens
             while remaining > 0:
                 remaining -= 1
-                got = await _one(client, headers, max_new_tokens)  # not `tokens += await`: that reads
+                got = await _one(client, headers, max_new_tokens, measure)  # not `tokens += await`: that reads
                 tokens += got  # `tokens` before the await and drops the other lanes' counts
 
         started = time.perf_counter()
         await asyncio.gather(*(lane() for _ in range(concurrency)))
-        return tokens / (time.perf_counter() - started)
+        measure.tokens_per_second = tokens / (time.perf_counter() - started)
+        return measure
 
 
 def api_throughput(model_dir: Path, concurrencies: list[int], requests: int, max_new_tokens: int,
                    admin_url: str = ADMIN_URL,
-                   redis_db: int = 7) -> dict[int, float]:
+                   redis_db: int = 7) -> dict[int, Measure]:
     _own_services(admin_url, redis_db)
     try:
         return _api_throughput(model_dir, concurrencies, requests, max_new_tokens)
@@ -155,7 +220,7 @@ def api_throughput(model_dir: Path, concurrencies: list[int], requests: int, max
 
 
 def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
-                    max_new_tokens: int) -> dict[int, float]:
+                    max_new_tokens: int) -> dict[int, Measure]:
     _django(model_dir)
     token = _register_and_token(model_dir)
     from django.conf import settings

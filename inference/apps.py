@@ -8,4 +8,4 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         from inference import checks  # noqa: F401  (registers the system checks)
         from inference import prediction_cache  # noqa: F401  (namespace bump on model promotion)
-        from inference.worker import residency  # noqa: F401  (connects the worker_process_init handler)
+        from inference.worker import preload  # noqa: F401  (connects the worker_ready and worker_process_init handlers)

@@ -1,4 +1,4 @@
-"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, W002)."""
+"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, E004, W002)."""
 from __future__ import annotations
 
 from django.core.checks import Error, Warning, register
@@ -17,6 +17,19 @@ def check_prefill_mode(app_configs=None, **kwargs) -> list:
     if mode not in PREFILL_MODES:
         return [Error(f"SPECOPS_PREFILL {mode!r} is not a prefill mode.",
                       hint=f"Use one of: {', '.join(PREFILL_MODES)}.", id="specops.E003")]
+    return []
+
+
+ENGINE_CORE_MODES = ("process", "thread")
+
+
+@register()
+def check_engine_core(app_configs=None, **kwargs) -> list:
+    """SPECOPS_ENGINE_CORE names where the engines run; a typo would otherwise fail the worker's first session."""
+    mode = inference_conf.ENGINE_CORE
+    if mode not in ENGINE_CORE_MODES:
+        return [Error(f"SPECOPS_ENGINE_CORE {mode!r} is not an engine-core mode.",
+                      hint=f"Use one of: {', '.join(ENGINE_CORE_MODES)}.", id="specops.E004")]
     return []
 
 

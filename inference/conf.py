@@ -16,6 +16,9 @@ SETTINGS = (
     Setting("SPECOPS_PREDICTION_CACHE_TTL_S", int, 3600, "lifetime of a cached deterministic result"),
     Setting("SPECOPS_RESIDENT_MODELS", int, 4, "model versions a worker process keeps loaded"),
     Setting("SPECOPS_WORKER_DEVICE", str, "cpu", "device of this worker process: cpu, cuda:0, ..."),
+    Setting("SPECOPS_ENGINE_CORE", str, "process",
+            "where a device's engines run: process (an engine-core child process of the worker that holds the "
+            "models and only steps; inference/engine_core/), thread (in the worker's own batching-loop thread)"),
     Setting("SPECOPS_MAX_BATCH", int, 8, "sessions one device's batching loop runs at once (bench/serving.py)"),
     Setting("SPECOPS_PREFILL", str, "auto",
             "where a newcomer's prompt runs: separate (its own forwards), shared (in the decoding rows' forward), "

@@ -27,11 +27,12 @@ def generate(session_id: str) -> str:
 @shared_task(name="inference.canary_replay", ignore_result=True, acks_late=True)
 def canary_replay(session_id: str) -> str:
     """Replay a finished generation target-only and compare (inference/worker/canary.py); on its device queue."""
+    from inference.worker.batching_loop import device_loop
     from inference.worker.canary import replay
     from metadata.replicas.lsn import primary_only
 
     with primary_only():  # the session ended a moment ago: a replica may not have replayed its rows
-        return replay(session_id)
+        return replay(session_id, generate=device_loop().replay)
 
 
 @shared_task(name="inference.reconcile_sessions", queue=MAINTENANCE_QUEUE, ignore_result=True,

@@ -2,15 +2,21 @@
 
 Celery delivers sessions on the device queue to a threads pool of `SPECOPS_MAX_BATCH` threads
 (each message acknowledged late, so a crash redelivers it). Each task thread prepares its
-session and hands it to this loop, then waits for it to end; the loop thread owns the models'
-forwards, so every session in hand joins the running batch at the next step boundary. One
-engine per (target, draft) pair; the loop steps each engine that has work in turn.
+session and hands it to this loop, then waits for it to end; every session in hand joins the
+running batch at the next step boundary. One engine per (target, draft) pair.
+
+Where the engines run (``SPECOPS_ENGINE_CORE``): by default in the device's engine core, a child
+process that holds the models and only steps (inference/engine_core/); this loop feeds it and
+drains its step reports, so the front's database and Redis work never competes with a forward
+for the GIL. With ``thread`` the loop steps the engines itself (`LocalEngines`). Either way the
+loop sees one interface (`host`): submit, cancel, step, drop. A core that dies is restarted and
+every session in hand is submitted again from the tokens it already has.
 
 The loop also enforces what Celery's threads pool cannot: per-session deadlines (finish
 reason "timeout") and cancellation (a session whose row an operator or client set to
 "cancelled" leaves the batch at the next step).
 
-The loop thread computes; its writer thread (write_behind.py) does the I/O a step leaves
+The loop thread records; its writer thread (write_behind.py) does the I/O a step leaves
 behind, in the order the loop hands it over: the step's stream events, the flushes of token and
 candidate rows (recorder.py), and the end of each session that left the batch (its outcome, its
 prediction, its metrics, then ``job.done``: lifecycle.write_end). Cancellation polls and lease
@@ -29,14 +35,18 @@ import queue
 import threading
 import time
 from collections.abc import Hashable
+from dataclasses import replace
 
 from django.db import close_old_connections
 
 from core import tracing
 from inference.conf import conf
-from inference.engine.batch.engine import BatchedSpeculativeEngine, RowEvent
-from inference.engine.batch.policy import SpeculationPolicy
-from inference.worker import metrics
+from inference.engine.batch.engine import RowEvent
+from inference.engine.drafters.suffix import suffix_corpora
+from inference.engine_core.client import CoreClient, CoreRestarted, RemoteCorpora
+from inference.engine_core.engines import LocalEngines
+from inference.engine_core.protocol import EngineSettings, Refused, StepReport
+from inference.worker import metrics, suffix_feed
 from inference.worker.fencing import SUPERSEDED, renew_leases
 from inference.worker.lifecycle import session_end, write_end
 from inference.worker.residency import residency
@@ -50,19 +60,19 @@ logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
 RETIRED_CHECK_S = 30.0  # how often idle engines are checked for a target no longer active
-STEP_COST_EXPORT_EVERY = 200  # steps between two exports of the step-cost table (metrics.observe_step_costs)
 
 
 class DeviceBatchLoop:
     """Holds the engines of one device and the sessions they run."""
 
     def __init__(self, max_rows: int, prefill_chunk: int, policy_enabled: bool,
-                 write_queue: int = MAX_ITEMS) -> None:
-        self.max_rows = max_rows
-        self.prefill_chunk = prefill_chunk
-        self.policy_enabled = policy_enabled
+                 write_queue: int = MAX_ITEMS, core: bool = False) -> None:
+        """``core``: run the engines in an engine-core process (else in this loop's thread)."""
+        self.settings = EngineSettings(
+            max_rows=max_rows, prefill_chunk=prefill_chunk, policy_enabled=policy_enabled,
+            prefill_mode=None if conf.PREFILL == "auto" else conf.PREFILL, pack_linear=conf.PACK_LINEAR,
+            onednn_linear=conf.ONEDNN_LINEAR, resident_models=conf.RESIDENT_MODELS)
         self.inbox: queue.Queue[SessionJob] = queue.Queue()
-        self.engines: dict[tuple[int, int | None], BatchedSpeculativeEngine] = {}
         self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
         self.recorder = BatchRecorder()
         self.writes = WriteBehind(write_queue, while_blocked=self._renew_leases_untraced)
@@ -75,18 +85,50 @@ class DeviceBatchLoop:
         self._leaving: dict[Hashable, tuple[int, int | None]] = {}  # dropped rows the engine still holds
         self._deferred: list[SessionJob] = []  # newer runs waiting for their older row to leave
         self._last_retired_check = time.monotonic()
+        self.host: LocalEngines | CoreClient = (  # last: a core's start renews the leases in hand
+            CoreClient(self.settings, while_waiting=self._renew_leases_untraced) if core
+            else LocalEngines(self.settings, residency))
+
+    @property
+    def engines(self) -> dict:
+        """The engines this loop steps itself (thread mode; a core holds its own)."""
+        return self.host.engines if isinstance(self.host, LocalEngines) else {}
+
+    @engines.setter
+    def engines(self, engines: dict) -> None:
+        self.host.engines = engines
 
     # -- called from task threads -------------------------------------------------------
 
     def submit(self, job: SessionJob) -> None:
         """Hand a prepared session to the loop (starting the loop thread on first use)."""
         job.trace = tracing.session_trace(job.session.pk, job.session.enqueued_at)  # the task's span is current
+        self._ensure_running()
+        self.inbox.put(job)
+
+    def _ensure_running(self) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="specops-batching-loop",
                                                 daemon=True)
                 self._thread.start()
-        self.inbox.put(job)
+
+    @property
+    def corpora(self):
+        """Where the suffix drafter's corpora are fed: the core's, or this process's own."""
+        if isinstance(self.host, CoreClient):
+            return RemoteCorpora(self.host, suffix_corpora.max_corpora)
+        return suffix_corpora
+
+    def preload(self, models: list) -> None:
+        """Load these models where the engines run (thread mode: the residency already holds them)."""
+        if isinstance(self.host, CoreClient):
+            self.host.preload([model.spec for model in models])
+
+    def replay(self, target, prompt_ids: list[int], config) -> list[int]:
+        """The target's own greedy tokens, where the engines run (the losslessness canary)."""
+        self._ensure_running()  # the loop thread delivers a core's answer
+        return self.host.replay(target, prompt_ids, config)
 
     # -- the loop thread ----------------------------------------------------------------
 
@@ -106,14 +148,15 @@ class DeviceBatchLoop:
         metrics.observe_writer_backlog(self.writes.waiting, self.writes.max_items)
         while not self._stale.empty():
             self._drop_stale(self._stale.get())
-        if not self.jobs and not self._leaving:
+        busy = bool(self.jobs or self._leaving)
+        if busy:
+            with tracing.untraced():  # housekeeping of every session: in no session's trace
+                self._poll_cancellations()
+                self._renew_leases()
+        for report in self.host.step(wait=busy):
+            self._take(report)
+        if not busy:
             return
-        with tracing.untraced():  # housekeeping of every session: in no session's trace
-            self._poll_cancellations()
-            self._renew_leases()
-        for pair, engine in list(self.engines.items()):
-            if engine.has_work():
-                self._step(pair, engine)
         if time.monotonic() - self._last_retired_check >= RETIRED_CHECK_S:
             self.drop_retired_engines()
         if self.recorder.due():
@@ -125,38 +168,18 @@ class DeviceBatchLoop:
         weights in memory for good (a GPU filled after a few promotions). An engine with rows,
         or a session of its pair still in the loop, stays until they end. Returns the pairs dropped."""
         self._last_retired_check = time.monotonic()
-        idle = [pair for pair, engine in self.engines.items()
-                if not engine.has_work() and not any(job.pair == pair for job in self.jobs.values())
-                and pair not in self._leaving.values()]
+        idle = [pair for pair in self.host.idle_pairs()
+                if not any(job.pair == pair for job in self.jobs.values()) and pair not in self._leaving.values()]
         if not idle:
             return []
         from inference.models import ModelVersion, VersionStatus
 
         active = set(ModelVersion.objects.filter(pk__in={pair[0] for pair in idle}, status=VersionStatus.ACTIVE)
                      .values_list("pk", flat=True))
-        dropped = [pair for pair in idle if pair[0] not in active]
-        for pair in dropped:
-            del self.engines[pair]
-        still_used = {version for pair in self.engines for version in pair}
-        for version_id in {version for pair in dropped for version in pair}:
-            if version_id is not None and version_id not in still_used and version_id not in active:
-                residency.evict(version_id)
+        dropped = self.host.drop([pair for pair in idle if pair[0] not in active], keep=active)
         if dropped:
             logger.info("dropped the engines of retired pairs %s and freed their models", dropped)
         return dropped
-
-    def _engine(self, job: SessionJob) -> BatchedSpeculativeEngine:
-        engine = self.engines.get(job.pair)
-        if engine is None:
-            # LoadedModels: the engine checks that the pair shares a tokenizer and EOS
-            engine = BatchedSpeculativeEngine(
-                job.target, job.draft, decode=job.target.tokenizer.decode,
-                policy=SpeculationPolicy(enabled=self.policy_enabled),
-                max_rows=self.max_rows, prefill_chunk=self.prefill_chunk or None,
-                prefill=None if conf.PREFILL == "auto" else conf.PREFILL, dspark=job.dspark,
-                pack_linear=conf.PACK_LINEAR)
-            self.engines[job.pair] = engine
-        return engine
 
     def _admit(self, block: bool) -> None:
         """Take every job waiting in the inbox (block a little when there is nothing to do)."""
@@ -187,7 +210,7 @@ class DeviceBatchLoop:
             self._deferred.append(job)  # the engine still holds the older row until its next step
             return
         try:
-            self._engine(job).submit(job.request)
+            self.host.submit(job.pair, job.request, job.target, job.draft, job.dspark)
             self.jobs[session_id] = job
             job.recorder.admitted_at = time.time()  # joins the batch at the next step boundary
         except Exception as error:  # settings the engine refuses end this session only
@@ -207,10 +230,8 @@ class DeviceBatchLoop:
                        session_id, job.fence)
         self.jobs.pop(session_id, None)
         self.recorder.discard(session_id)
-        engine = self.engines.get(job.pair)
-        if engine is not None:
-            engine.cancel(session_id)
-            self._leaving[session_id] = job.pair
+        self.host.cancel(session_id)
+        self._leaving[session_id] = job.pair
         self._retire(job)
 
     def _retire(self, job: SessionJob) -> None:
@@ -227,9 +248,8 @@ class DeviceBatchLoop:
         self._last_cancel_poll = now
         cancelled = Session.objects.filter(pk__in=list(self.jobs), status=SessionStatus.CANCELLED)
         for session_id in cancelled.values_list("pk", flat=True):
-            job = self.jobs.get(session_id)
-            if job is not None:
-                self.engines[job.pair].cancel(session_id)
+            if session_id in self.jobs:
+                self.host.cancel(session_id)
 
     def _renew_leases_untraced(self) -> None:
         """Lease renewal from inside a step (the loop waiting for room in the writer's queue)."""
@@ -248,27 +268,43 @@ class DeviceBatchLoop:
         if stale:
             self._stale.put({(session_id, runs[session_id]) for session_id in stale})
 
-    def _step(self, pair, engine: BatchedSpeculativeEngine) -> None:
-        try:
-            events = engine.step()
-        except Exception as error:  # a failed forward fails every session of this engine
-            logger.exception("batch step failed; failing its %d sessions", engine.active)
-            self.engines.pop(pair, None)
-            self._leaving = {key: value for key, value in self._leaving.items() if value != pair}
-            self._end([(job, "error", f"{type(error).__name__}: {error}", None)
-                       for job in self.jobs.values() if job.pair == pair])
+    def _take(self, report: StepReport | Refused | CoreRestarted) -> None:
+        """What the engines did: a step's events, a refused submit, or a core that was restarted."""
+        if isinstance(report, CoreRestarted):
+            self._resubmit_all()
             return
-        for kind, rows, tokens, seconds in engine.forward_log:
+        if isinstance(report, Refused):
+            job = self.jobs.get(report.request_id)
+            if job is not None and job.pair == report.pair:
+                self._end([(job, "error", report.error, None)])
+            return
+        pair = report.pair
+        if report.failure:  # a failed forward fails every session of this engine
+            self._leaving = {key: value for key, value in self._leaving.items() if value != pair}
+            self._end([(job, "error", report.failure, None) for job in self.jobs.values() if job.pair == pair])
+            return
+        for kind, rows, tokens, seconds in report.forward_log:
             metrics.observe_forward(kind, rows, tokens, seconds)
-        engine.forward_log.clear()
-        if engine.last_decision is not None:
-            running = sum(len(other.rows) for other in self.engines.values())
-            metrics.observe_policy_decision(engine.last_decision.depth, running)
-        if engine.steps % STEP_COST_EXPORT_EVERY == 1:  # the first step, then every so often
-            metrics.observe_step_costs({"target": engine.policy.target_costs, "draft": engine.policy.draft_costs})
+        if report.decision_depth is not None:
+            metrics.observe_policy_decision(report.decision_depth, report.running)
+        if report.step_costs is not None:
+            metrics.observe_step_costs(report.step_costs)
         if tracing.enabled():
-            self._trace_step(engine, events)
-        self._record(events)
+            self._trace_step(report)
+        self._record(report.events)
+
+    def _resubmit_all(self) -> None:
+        """A new core holds none of the rows: every session in hand joins it again, resuming from
+        the tokens it already has (streamed ones included, so its stream goes on where it stopped)."""
+        self._leaving.clear()
+        logger.warning("engine core restarted: resubmitting %d session(s)", len(self.jobs))
+        for session_id, job in list(self.jobs.items()):
+            job.request = replace(job.request, resume_ids=tuple(job.recorder.token_ids))
+            try:
+                self.host.submit(job.pair, job.request, job.target, job.draft, job.dspark)
+            except Exception as error:
+                self.jobs.pop(session_id, None)
+                self._end([(job, "error", f"{type(error).__name__}: {error}", None)])
 
     def _record(self, events: list[RowEvent]) -> None:
         """Queue the step's rows, hand the writer every row's stream event (one round trip), then
@@ -298,9 +334,9 @@ class DeviceBatchLoop:
         if finished:
             self._end([(job, event.step.finish_reason, event.error, event) for job, event in finished])
 
-    def _trace_step(self, engine: BatchedSpeculativeEngine, events: list[RowEvent]) -> None:
+    def _trace_step(self, report: StepReport) -> None:
         """Each session's copy of the step's spans, with the engine's measured times (core.tracing)."""
-        timing = engine.last_step_timing
+        timing, events = report.timing, report.events
         if timing is None:
             return
         lane_end = timing.started_ns + int(timing.prefill_seconds * 1e9)  # separate prefill's forwards
@@ -368,5 +404,7 @@ def device_loop() -> DeviceBatchLoop:
     global _loop
     with _loop_lock:
         if _loop is None:
-            _loop = DeviceBatchLoop(conf.MAX_BATCH, conf.PREFILL_CHUNK, conf.SPECULATION_POLICY)
+            _loop = DeviceBatchLoop(conf.MAX_BATCH, conf.PREFILL_CHUNK, conf.SPECULATION_POLICY,
+                                    core=conf.ENGINE_CORE == "process")
+            suffix_feed.feed_into(_loop.corpora)
         return _loop

@@ -63,10 +63,11 @@ def first_difference(served: list[int], replayed: list[int]) -> int | None:
     return None if len(served) == len(replayed) else min(len(served), len(replayed))
 
 
-def replay(session_id: str, loaded=None) -> str:
-    """Replay one session target-only and record the outcome; `loaded`: its target's LoadedModel
-    (default: the worker's resident copy)."""
-    from inference.engine.decode.target_only import generate_plain
+def replay(session_id: str, loaded=None, generate=None) -> str:
+    """Replay one session target-only and record the outcome. ``loaded``: its target as the worker
+    holds it (default: the resident copy); ``generate(loaded, prompt_ids, config)``: the target's
+    greedy tokens where the engines run (batching_loop.DeviceBatchLoop.replay; default: here,
+    with ``loaded``'s weights)."""
     from inference.worker.session_params import generation_config
 
     session = Session.objects.select_related("target").get(pk=session_id)
@@ -82,7 +83,12 @@ def replay(session_id: str, loaded=None) -> str:
                   .order_by("position").values_list("token_id", flat=True))
     prompt_ids = tokenizer(session.prompt)["input_ids"]
     config = generation_config(session.params, tokenizer.eos_token_id)
-    replayed = generate_plain(loaded.model, prompt_ids, config, decode=tokenizer.decode).token_ids
+    if generate is None:
+        from inference.engine.decode.target_only import generate_plain
+
+        replayed = generate_plain(loaded.model, prompt_ids, config, decode=tokenizer.decode).token_ids
+    else:
+        replayed = generate(loaded, prompt_ids, config)
     position = first_difference(served, replayed)
     if position is None:
         metrics.observe_canary(MATCH)

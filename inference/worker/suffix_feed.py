@@ -41,6 +41,19 @@ PROMPT_TAIL_CHARS = 1024
 TOKEN_QUERY_SESSIONS = 64
 
 
+_feeding: SuffixCorpora | None = None  # where this process's engines draft from (feed_into)
+
+
+def feed_into(corpora) -> None:
+    """Feed ``corpora`` from now on (an engine core's, through its client) instead of this process's own."""
+    global _feeding
+    _feeding = corpora
+
+
+def default_corpora():
+    return suffix_corpora if _feeding is None else _feeding
+
+
 def corpus_key(session: Session) -> Hashable:
     """The corpus a session drafts from and feeds: its tenant's, under its target's tokenizer."""
     return (session.tenant_id, session.target_id)
@@ -51,7 +64,7 @@ def feed_finished(job: SessionJob, corpora: SuffixCorpora | None = None) -> bool
     tokens = job.recorder.token_ids
     if job.status != SessionStatus.SUCCEEDED or not tokens:
         return False
-    corpora = suffix_corpora if corpora is None else corpora
+    corpora = default_corpora() if corpora is None else corpora
     corpora.add(corpus_key(job.session), finished_sequence(job.request.prompt_ids, tokens))
     return True
 
@@ -95,7 +108,7 @@ def warm_up(models: Mapping[int, object], *, per_corpus: int | None = None,
     tokenizer reads the stored prompts}); return how many sessions were indexed."""
     per_corpus = conf.SUFFIX_WARM_SESSIONS if per_corpus is None else per_corpus
     max_age_s = conf.SUFFIX_WARM_AGE_S if max_age_s is None else max_age_s
-    corpora = suffix_corpora if corpora is None else corpora
+    corpora = default_corpora() if corpora is None else corpora
     if per_corpus <= 0 or not models:
         return 0
     try:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from inference.engine.decode.draft_tree import (
     DraftTree,
     tree_attention_mask,
     tree_position_ids,
 )
-from inference.engine.errors import UnsupportedModelError
 from inference.engine.kv.rollback import keep_accepted, new_cache, truncate_cache
 from inference.engine.models.modeling import forward_logits
 
@@ -59,11 +57,3 @@ def test_truncate_cache_drops_the_tail_only():
         assert cache.get_seq_length() == 3
         truncate_cache(cache, 10)
         assert cache.get_seq_length() == 3
-
-
-def test_sliding_window_caches_are_refused():
-    config = Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
-                         sliding_window=8, max_window_layers=0)
-    with pytest.raises(UnsupportedModelError, match="DynamicSlidingWindowLayer"):
-        new_cache(Qwen2ForCausalLM(config))

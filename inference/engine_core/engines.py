@@ -1,0 +1,102 @@
+"""The engines of one device, stepped in turn: what the engine core does all day.
+
+One `BatchedSpeculativeEngine` per (target, draft) pair; `step()` steps each engine with work
+once and reports what each step did (`protocol.StepReport`). The engine core process runs one
+`LocalEngines` (process.py); a front with ``SPECOPS_ENGINE_CORE=thread`` runs one in its own
+batching-loop thread. Django-free.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable
+
+from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
+from inference.engine.batch.policy import SpeculationPolicy
+from inference.engine_core.protocol import EngineSettings, Pair, StepReport
+
+logger = logging.getLogger(__name__)
+
+STEP_COST_EXPORT_EVERY = 200  # steps between two exports of the step-cost table (metrics.observe_step_costs)
+
+
+class LocalEngines:
+    """Builds, feeds and steps the engines of one device in the calling thread."""
+
+    def __init__(self, settings: EngineSettings, models) -> None:
+        self.settings = settings
+        self.models = models  # a models.ModelResidency: what `drop` unloads
+        self.engines: dict[Pair, BatchedSpeculativeEngine] = {}
+        self._pair_of: dict[Hashable, Pair] = {}  # request id -> its engine's pair
+
+    def submit(self, pair: Pair, request: BatchRequest, target, draft, dspark) -> None:
+        """Hand a request to its pair's engine (built on first use); raises what the engine refuses."""
+        engine = self.engines.get(pair)
+        if engine is None:
+            settings = self.settings
+            # LoadedModels: the engine checks that the pair shares a tokenizer and EOS
+            engine = BatchedSpeculativeEngine(
+                target, draft, decode=target.tokenizer.decode,
+                policy=SpeculationPolicy(enabled=settings.policy_enabled),
+                max_rows=settings.max_rows, prefill_chunk=settings.prefill_chunk or None,
+                prefill=settings.prefill_mode, dspark=dspark, pack_linear=settings.pack_linear)
+            self.engines[pair] = engine
+        engine.submit(request)
+        self._pair_of[request.request_id] = pair
+
+    def cancel(self, request_id: Hashable) -> None:
+        """The row leaves at its engine's next step (with finish reason "cancelled")."""
+        pair = self._pair_of.get(request_id)
+        engine = self.engines.get(pair) if pair is not None else None
+        if engine is not None:
+            engine.cancel(request_id)
+
+    def has_work(self) -> bool:
+        return any(engine.has_work() for engine in self.engines.values())
+
+    def idle_pairs(self) -> list[Pair]:
+        return [pair for pair, engine in self.engines.items() if not engine.has_work()]
+
+    def step(self, wait: bool = False) -> list[StepReport]:
+        """One step of every engine with work (``wait`` is the core client's; stepping here never waits)."""
+        return [self._step(pair, engine) for pair, engine in list(self.engines.items()) if engine.has_work()]
+
+    def _step(self, pair: Pair, engine) -> StepReport:
+        try:
+            events = engine.step()
+        except Exception as error:  # a failed forward fails every session of this engine
+            logger.exception("batch step failed; failing its %d sessions", engine.active)
+            self.engines.pop(pair, None)
+            return StepReport(pair, failure=f"{type(error).__name__}: {error}")
+        for event in events:
+            if event.finished:
+                self._pair_of.pop(event.request_id, None)
+        report = StepReport(pair, events, list(engine.forward_log), timing=engine.last_step_timing,
+                            steps=getattr(engine, "steps", 0))
+        engine.forward_log.clear()
+        if engine.last_decision is not None:
+            report.decision_depth = engine.last_decision.depth
+            report.running = sum(len(other.rows) for other in self.engines.values())
+        policy = getattr(engine, "policy", None)
+        if policy is not None and report.steps % STEP_COST_EXPORT_EVERY == 1:  # the first step, then every so often
+            report.step_costs = {"target": policy.target_costs, "draft": policy.draft_costs}
+        return report
+
+    def drop(self, pairs, keep: frozenset[int] | set[int] = frozenset()) -> list[Pair]:
+        """Drop the idle engines of ``pairs`` and unload their versions that no engine left uses and
+        that are not in ``keep`` (a promotion otherwise left every old pair's weights in memory).
+        An engine with rows stays. Returns the pairs dropped."""
+        dropped = [pair for pair in pairs if pair in self.engines and not self.engines[pair].has_work()]
+        for pair in dropped:
+            del self.engines[pair]
+        still_used = {version for pair in self.engines for version in pair}
+        for version_id in {version for pair in dropped for version in pair}:
+            if version_id is not None and version_id not in still_used and version_id not in keep:
+                self.models.evict(version_id)
+        return dropped
+
+    def replay(self, target, prompt_ids, config) -> list[int]:
+        """The target's own greedy tokens, no drafter, no batch (the losslessness canary)."""
+        from inference.engine.decode.target_only import generate_plain
+
+        return list(generate_plain(target.model, list(prompt_ids), config,
+                                   decode=target.tokenizer.decode).token_ids)

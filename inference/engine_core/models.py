@@ -1,0 +1,86 @@
+"""Loaded models of one device: each version loaded once and kept (an LRU of ``capacity``).
+
+A version is anything with ``pk``, ``directory``, ``device`` and ``dspark_directory``: a
+`protocol.ModelSpec` in the engine core, an inference.models.ModelVersion in a front that runs
+its engines itself. Moved here from the worker so the core process can hold the models without
+Django.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+
+logger = logging.getLogger(__name__)
+
+
+class ModelResidency:
+    """An LRU of loaded models keyed by model version id (one per process that runs engines)."""
+
+    def __init__(self, capacity: int, onednn_linear: bool = True) -> None:
+        self.capacity = capacity
+        self.onednn_linear = onednn_linear
+        self._loaded: OrderedDict[int, object] = OrderedDict()
+        self._dspark: dict[tuple, object] = {}
+        self._lock = threading.Lock()
+
+    def get(self, version) -> object:
+        """Return the LoadedModel of ``version``, loading it once."""
+        with self._lock:
+            if version.pk in self._loaded:
+                self._loaded.move_to_end(version.pk)
+                return self._loaded[version.pk]
+            from inference.engine.models.linear_kernels import LinearKernels, linear_kernels, set_linear_kernels
+            from inference.engine.models.loading import load_causal_lm
+
+            # a variant directory (int8, bf16, compiled) loads through the same call, from its recipe
+            loaded = load_causal_lm(version.directory, device=version.device,
+                                    dtype=getattr(version, "dtype", "") or None)
+            if not self.onednn_linear and linear_kernels().enabled:
+                set_linear_kernels(LinearKernels(enabled=False))
+            # the matrix kernels of its shapes are measured now, not in the first batch's forward
+            kernels = linear_kernels().prepare(loaded.model)
+            logger.info("loaded model version %s (%s) from %s; linear kernels: %s", version,
+                        getattr(version, "variant", "original"), version.directory,
+                        "; ".join(f"{key[1]}->{key[0]}: {choice.reason}" for key, choice in kernels.items())
+                        or "torch's own")
+            self._loaded[version.pk] = loaded
+            while len(self._loaded) > self.capacity:
+                evicted, _ = self._loaded.popitem(last=False)
+                logger.info("evicted model version %s", evicted)
+            return loaded
+
+    def evict(self, version_id: int) -> bool:
+        """Forget a loaded version (and its DSpark drafter); True when it was loaded."""
+        with self._lock:
+            loaded = self._loaded.pop(version_id, None)
+            for key in [key for key in self._dspark if key[1] == version_id]:
+                del self._dspark[key]
+        if loaded is not None:
+            logger.info("evicted model version %s", version_id)
+        return loaded is not None
+
+    def loaded_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._loaded)
+
+    def dspark(self, version) -> object | None:
+        """The DSpark drafter of target ``version`` (a DSparkModel), loaded once; None when it has none.
+
+        Kept beside its target, under the target's key: evicting the target evicts it too.
+        """
+        directory = version.dspark_directory
+        if directory is None:
+            return None
+        target = self.get(version)
+        key = ("dspark", version.pk, str(directory))
+        with self._lock:
+            loaded = self._dspark.get(key)
+            if loaded is None:
+                from inference.engine.drafters.dspark import load_dspark
+
+                loaded = self._dspark[key] = load_dspark(directory, target.model)
+                logger.info("loaded the DSpark drafter of %s from %s", version, directory)
+            for stale in [k for k in self._dspark if k[1] not in self._loaded]:
+                del self._dspark[stale]
+            return loaded
