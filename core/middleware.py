@@ -3,7 +3,8 @@
 A request body over DATA_UPLOAD_MAX_MEMORY_SIZE is a JSON 413 that names the limit: Django checks
 that limit only when ``request.body`` is read, and DRF's JSON parser reads the stream instead, so
 without this a 10 MB body was parsed in full. Checked on ``Content-Length``; multipart bodies are
-left to Django's own parser, whose limit excludes uploaded files.
+left to Django's own parser, whose limit excludes uploaded files. Under ASGI the handler has
+spooled the body before any middleware runs: ``core.body_limit`` refuses it earlier, unread.
 
 A NUL character in the path or the query string (``%00``) reaches no query: PostgreSQL text
 cannot hold it, and the request log, a lookup by name or a cursor would fail with a 500. A path
