@@ -11,7 +11,9 @@ def joint_p_value(counts: np.ndarray, expected_probs: np.ndarray) -> float:
     Cells expected fewer than 5 times are pooled into one (the test's validity condition); a
     count in a cell of probability 0 is an outright failure (p = 0).
     """
-    expected = expected_probs * counts.sum()
+    # normalised first: float32 probabilities sum to 1 only within ~1e-7, and scipy refuses
+    # expected and observed totals that differ by more than 1e-8 (relative)
+    expected = expected_probs / expected_probs.sum() * counts.sum()
     keep = expected >= 5
     if counts[expected == 0].sum() > 0:
         return 0.0  # a pair the target never emits was emitted
