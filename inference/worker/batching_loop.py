@@ -297,6 +297,7 @@ class DeviceBatchLoop:
         """A new core holds none of the rows: every session in hand joins it again, resuming from
         the tokens it already has (streamed ones included, so its stream goes on where it stopped)."""
         self._leaving.clear()
+        metrics.ENGINE_CORE_RESTARTS.inc()
         logger.warning("engine core restarted: resubmitting %d session(s)", len(self.jobs))
         for session_id, job in list(self.jobs.items()):
             job.request = replace(job.request, resume_ids=tuple(job.recorder.token_ids))

@@ -147,6 +147,10 @@ SUPERSEDED_RUNS = Counter(
     "specops_superseded_runs_total",
     "Runs of a session that left the batch because a later run had claimed it (their fence was stale).",
 )
+ENGINE_CORE_RESTARTS = Counter(
+    "specops_engine_core_restarts_total",
+    "Engine-core processes a worker started again after the previous one died (its sessions were resubmitted).",
+)
 
 # ---------------------------------------------------------------------------- before the batching loop
 # One generation at a time (the sequential worker); kept so its callers and dashboards keep working.
