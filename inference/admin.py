@@ -170,12 +170,12 @@ def _acceptance(row) -> float | None:
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
     list_display = ("name", "version", "role", "variant", "colored_status", "device", "queue", "default_draft",
-                    "context_length", "promoted_at", "promote_link")
+                    "context_length", "attn_implementation", "dtype", "promoted_at", "promote_link")
     list_filter = ("role", "status", "device", "variant")
     list_select_related = ("default_draft",)
     search_fields = ("name", "version")
     readonly_fields = ("status", "promoted_at", "created_at", "variant", "base", "recipe", "figures",
-                       "variants_side_by_side")
+                       "attn_implementation", "variants_side_by_side")
     actions = ["promote", "build_int8_variant", "build_bf16_variant", "build_compiled_variant"]
     change_list_template = "admin/inference/modelversion/change_list.html"
     change_form_template = "admin/inference/modelversion/change_form.html"
