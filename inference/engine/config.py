@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from inference.engine.errors import ConfigError
+
+if TYPE_CHECKING:  # imported lazily below: the constraints package imports the decoders, which import this
+    from inference.engine.constraints.spec import OutputConstraint
 
 
 def _require(condition: bool, field_name: str, rule: str) -> None:
@@ -27,7 +31,8 @@ class GenerationConfig:
     A stop string ends generation after the token that completes it; that token is kept, as
     Hugging Face `generate` does. An EOS token is kept too. `eos_token_id=None` (the default)
     means the model's own EOS, as `generate` does (the decoders call `resolve_eos`); `()` means
-    no EOS at all.
+    no EOS at all. `constraint` (an `OutputConstraint`, None for free text) restricts every token
+    to what a JSON grammar allows; the output then ends where the grammar completes.
 
     The defaults below are also a request's defaults in both APIs (``inference.api`` reads them
     from here, as ``GenerationConfig.max_new_tokens`` and so on); the bounds a request may ask for
@@ -41,6 +46,7 @@ class GenerationConfig:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     eos_token_id: int | Sequence[int] | None = None
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
@@ -60,6 +66,11 @@ class GenerationConfig:
             _require(all(isinstance(t, int) for t in eos), "eos_token_id",
                      "must be an integer, a sequence of integers, or None")
             object.__setattr__(self, "eos_token_id", eos)
+        if self.constraint is not None:
+            from inference.engine.constraints.spec import OutputConstraint
+
+            _require(isinstance(self.constraint, OutputConstraint), "constraint",
+                     "must be an OutputConstraint or None")
 
     @property
     def greedy(self) -> bool:

@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from inference.engine.config import GenerationConfig
+from inference.engine.constraints.grammar import matcher_for
+from inference.engine.constraints.masking import mask_logits, prune_forbidden, subtree, with_forced_prefix
+from inference.engine.constraints.matcher import GrammarMatcher
 from inference.engine.decode.draft_length import DraftLengthSchedule
 from inference.engine.decode.draft_tree import (
     DraftTree,
@@ -33,8 +36,12 @@ from inference.engine.models.modeling import context_length, forward_logits, inp
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.decode.sampling import SamplingParams, warp_probs
 from inference.engine.stats import GenerationStats
-from inference.engine.decode.stopping import StopCondition
+from inference.engine.decode.stopping import FINISH_STOP, StopCondition
 from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
+
+
+# the most grammar-forced tokens one step proposes (a long forced key costs one verify per this many)
+MAX_FORCED_DRAFT = 16
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -133,7 +140,8 @@ class SpeculativeDecoder:
     """Generates from `target` with any drafter; greedy output equals the target's own greedy.
 
     `target` is what `load_causal_lm` returns (its tokenizer's decode is then the default
-    `decode`, used for stop strings) or a bare PreTrainedModel. One generation at a time: the
+    `decode`, used for stop strings, and its tokenizer compiles a config's `constraint`) or a
+    bare PreTrainedModel (pass `tokenizer` for constraints). One generation at a time: the
     decoder and its drafter hold per-generation state (KV caches, `stats`), so a worker process
     keeps one decoder per concurrent generation.
     """
@@ -143,7 +151,9 @@ class SpeculativeDecoder:
         target: LoadedModel | PreTrainedModel,
         drafter: Drafter,
         decode: Callable[[list[int]], str] | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
     ) -> None:
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(target, "tokenizer", None)
         self.target = unwrap_model(target)
         prepare_kernels(self.target)  # kernel choices measured now, not inside a timed forward
         self.drafter = drafter
@@ -172,10 +182,11 @@ class SpeculativeDecoder:
         max_new_tokens = check_prompt(prompt, self.target, config.max_new_tokens,
                                       draft=self.drafter.draft_model)
         stop = StopCondition(config, max_new_tokens, self.decode)
-        return self._steps(prompt, config, max_new_tokens, stop)
+        matcher = matcher_for(config, self.tokenizer, self.target)
+        return self._steps(prompt, config, max_new_tokens, stop, matcher)
 
     def _steps(self, prompt: list[int], config: GenerationConfig, max_new_tokens: int,
-               stop: StopCondition) -> Iterator[StepOutput]:
+               stop: StopCondition, matcher: GrammarMatcher | None) -> Iterator[StepOutput]:
         sampling = sampling_params(config)
         generator = make_generator(config.seed, self.device)
         schedule = DraftLengthSchedule(self.drafter.config, self.drafter.nominal_depth)
@@ -189,20 +200,27 @@ class SpeculativeDecoder:
             started = time.perf_counter()
             reseed_at(generator, config.seed, len(generated))
             with torch.inference_mode():
-                max_depth = min(schedule.length, max_new_tokens - len(generated) - 1)
-                tree = (self.drafter.propose(context, DraftRequest(max_depth, sampling, generator))
-                        if max_depth > 0 else DraftTree.empty())
+                room = max_new_tokens - len(generated) - 1
+                forced = matcher.forced_tokens(min(room, MAX_FORCED_DRAFT)) if matcher is not None else []
+                tree = self._draft(context, forced, min(schedule.length, room - len(forced)),
+                                   sampling, generator)
                 drafted_at = time.perf_counter()
                 cached = cache.get_seq_length()
                 with tapped(self.target, feature_layers(self.drafter)) as tap:
-                    result = self._verify(tree, context, cache, sampling, generator)
+                    result, tree = self._verify(tree, context, cache, sampling, generator, matcher)
                 keep_accepted(cache, len(context), result.accepted_nodes)
                 if tap is not None:
                     hand_over_features(self.drafter, tap, len(context) - cached, result.accepted_nodes)
             accepted = len(result.accepted_nodes)
             new_tokens = [tree.token_ids[node] for node in result.accepted_nodes]
             new_tokens.append(result.next_token)
+            completed = False
+            if matcher is not None:
+                new_tokens, completed = matcher.commit(new_tokens)
             emitted, finish_reason = stop.clip(generated, new_tokens)
+            if matcher is not None:
+                matcher.rollback(len(new_tokens) - len(emitted))
+                finish_reason = finish_reason or (FINISH_STOP if completed else None)
             generated.extend(emitted)
             context = context + emitted
             schedule.update(tree.max_depth, accepted)
@@ -214,6 +232,17 @@ class SpeculativeDecoder:
             stats.total_seconds += finished_at - started
             yield StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
                              finish_reason)
+
+    def _draft(self, context: list[int], forced: list[int], depth: int,
+               sampling: SamplingParams | None, generator: torch.Generator | None) -> DraftTree:
+        """The grammar's forced tokens, then the drafter's tree (`depth` deep at most) after them.
+
+        A drafter that reads the target's features (dspark) has none for the forced tokens yet,
+        so it sits out a step that has forced tokens."""
+        tree = DraftTree.empty()
+        if depth > 0 and not (forced and feature_layers(self.drafter)):
+            tree = self.drafter.propose(context + forced, DraftRequest(depth, sampling, generator))
+        return with_forced_prefix(forced, tree)
 
     def _prefill_features(self, prompt: list[int], cache: DynamicCache) -> None:
         """For a drafter that reads the target's features (dspark): feed all but the last prompt
@@ -233,8 +262,19 @@ class SpeculativeDecoder:
         cache: DynamicCache,
         sampling: SamplingParams | None,
         generator: torch.Generator | None,
-    ) -> VerifyResult:
-        """One target forward over the uncached context tail plus the tree, then the verdict."""
+        matcher: GrammarMatcher | None = None,
+    ) -> tuple[VerifyResult, DraftTree]:
+        """One target forward over the uncached context tail plus the tree, then the verdict.
+
+        Under a constraint the tree loses the nodes the grammar makes unreachable first, and the
+        target's logits are masked to the grammar at every node; the tree verified is returned.
+        """
+        allowed = None
+        if matcher is not None:
+            allowed, valid = matcher.masks_along(tree)  # [1 + nodes, vocab_size]
+            kept = prune_forbidden(tree, valid)
+            if len(kept) < len(tree):
+                tree, allowed = subtree(tree, kept), allowed[[0] + [node + 1 for node in kept]]
         cached = cache.get_seq_length()
         context_new = context[cached:]
         mask = positions = None
@@ -245,8 +285,10 @@ class SpeculativeDecoder:
         # [1 + nodes, vocab_size]
         logits = forward_logits(self.target, context_new + tree.token_ids, cache,
                                 keep=len(tree) + 1, attention_mask=mask, position_ids=positions)
+        if allowed is not None:
+            logits = mask_logits(logits, allowed)
         if sampling is None:
-            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
+            return verify_greedy(tree, logits.argmax(dim=-1).tolist()), tree
         if logits.dtype not in (torch.float32, torch.float64):
             logits = logits.float()
-        return verify_sampling(tree, warp_probs(logits, sampling), generator)
+        return verify_sampling(tree, warp_probs(logits, sampling), generator), tree

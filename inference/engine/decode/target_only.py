@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from inference.engine.config import GenerationConfig
+from inference.engine.constraints.grammar import matcher_for
 from inference.engine.decode.decoder import (
     check_prompt,
     make_generator,
@@ -25,7 +26,7 @@ from inference.engine.models.modeling import forward_logits
 from inference.engine.outputs import GenerationResult
 from inference.engine.decode.sampling import sample_token, warp_probs
 from inference.engine.stats import GenerationStats
-from inference.engine.decode.stopping import StopCondition
+from inference.engine.decode.stopping import FINISH_STOP, StopCondition
 
 
 @torch.inference_mode()
@@ -34,17 +35,22 @@ def generate_plain(
     prompt_ids: list[int],
     config: GenerationConfig,
     decode: Callable[[list[int]], str] | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> GenerationResult:
     """Greedy (argmax) or sampled generation with the same stop rules as SpeculativeDecoder.
 
-    Takes a LoadedModel (whose tokenizer then decodes by default) or a bare PreTrainedModel.
+    Takes a LoadedModel (whose tokenizer then decodes, and compiles a constraint, by default) or
+    a bare PreTrainedModel. Under a constraint each token is drawn from the logits masked to the
+    grammar, and generation ends where the grammar completes.
     """
     decode = decode if decode is not None else decode_of(model)
+    tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     model = unwrap_model(model)
     config = resolve_eos(config, model)
     prompt = list(prompt_ids)
     max_new_tokens = check_prompt(prompt, model, config.max_new_tokens)
     stop = StopCondition(config, max_new_tokens, decode)
+    matcher = matcher_for(config, tokenizer, model)
     sampling = sampling_params(config)
     generator = make_generator(config.seed, model.device)
     stats = GenerationStats(prompt_tokens=len(prompt))
@@ -54,11 +60,16 @@ def generate_plain(
     logits = forward_logits(model, prompt, cache, keep=1)[0]
     generated: list[int] = []
     while True:
+        if matcher is not None:
+            logits = logits.masked_fill(~matcher.allowed().to(logits.device), float("-inf"))
         if sampling is None:
             token = int(logits.argmax())
         else:
             token = sample_token(warp_probs(logits[None].float(), sampling)[0], generator)
         emitted, finish_reason = stop.clip(generated, [token])
+        if matcher is not None and emitted:
+            matcher.advance(emitted)
+            finish_reason = finish_reason or (FINISH_STOP if matcher.is_stopped else None)
         generated.extend(emitted)
         stats.steps += 1
         if finish_reason is not None:

@@ -1,0 +1,28 @@
+"""Structured output: constrain a generation to JSON or a JSON schema, losslessly under speculation.
+
+* ``spec``: `OutputConstraint`, the constraint as data (kind + schema string) on GenerationConfig;
+* ``grammar``: compile once per (tokenizer, constraint), cached; `check_constraint` for the API;
+* ``matcher``: `GrammarMatcher`, one generation's grammar state (masks, commit, rollback, forced tokens);
+* ``masking``: the target's logits masked to the allowed tokens, and forced tokens as drafts.
+"""
+
+from inference.engine.constraints.spec import (
+    JSON_OBJECT,
+    JSON_SCHEMA,
+    ConstraintError,
+    OutputConstraint,
+)
+from inference.engine.constraints.matcher import GrammarMatcher, GrammarStateError
+from inference.engine.constraints.grammar import check_constraint, matcher_for, new_matcher
+
+__all__ = [
+    "JSON_OBJECT",
+    "JSON_SCHEMA",
+    "ConstraintError",
+    "GrammarMatcher",
+    "GrammarStateError",
+    "OutputConstraint",
+    "check_constraint",
+    "matcher_for",
+    "new_matcher",
+]
