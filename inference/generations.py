@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from django.db import transaction
 from django.utils import timezone
@@ -22,12 +23,13 @@ from inference.models import ModelRole, ModelVersion, VersionStatus
 from inference.registry import DEMO_NAME, pending_build
 from inference.tasks import generate
 from metadata.api.follow import follow
-from metadata.models import Session, SessionStatus
+from metadata.models import LIVE_STATUSES, Session, SessionStatus, Tenant
 from metadata.sessions.state import invalidate_session
 
 __all__ = [
-    "Generation", "GenerationRefused", "ModelBuilding", "ModelNotServed", "QueueUnavailable", "ValidatedRequest",
-    "follow", "served_target", "start_generation", "submit_generation",
+    "Generation", "GenerationRefused", "ModelBuilding", "ModelNotServed", "QueueUnavailable", "QuotaExceeded",
+    "ValidatedRequest", "broker_priority", "follow", "live_generations", "served_target", "start_generation",
+    "submit_generation",
 ]
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class GenerationRefused(Exception):
     """The platform cannot take this generation now; ``code`` is stable, ``message`` says why."""
 
     code = "generation_refused"
+    http_status = 503  # what an API answers by default: the platform, not the request, is the cause
     retry_after_s: int | None = None  # when asking again may succeed, if known
 
     def __init__(self, message: str) -> None:
@@ -72,6 +75,21 @@ class ModelBuilding(GenerationRefused):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(GenerationRefused):
+    """The tenant already has as many generations queued or running as its limit allows: a 429."""
+
+    code = "quota_exceeded"
+    http_status = 429
+    retry_after_s = 2  # a short generation frees a place within seconds
+
+    def __init__(self, tenant: Tenant, live: int, limit: int) -> None:
+        source = "the tenant's own max_live_generations" if tenant.max_live_generations is not None \
+            else "SPECOPS_TENANT_MAX_LIVE_GENERATIONS"
+        super().__init__(f"tenant '{tenant.name}' has {live} generations queued or running, its limit "
+                         f"(max_live_generations={limit}, {source}); retry when one of them ends.")
+        self.live, self.limit = live, limit
 
 
 class ValidatedRequest(Protocol):
@@ -117,13 +135,47 @@ def start_generation(request: ValidatedRequest, tenant, user) -> Generation:
     return Generation(submit_generation(request, tenant, user), cached=False)
 
 
-def submit_generation(request: ValidatedRequest, tenant, user) -> Session:
+def live_generations(tenant: Tenant) -> int:
+    """The tenant's sessions queued or running: a count over the partial index of live sessions
+    (``session_live_partial``, one small index per partition), never over finished sessions."""
+    return Session.objects.filter(tenant=tenant, status__in=LIVE_STATUSES).count()
+
+
+# Celery's priorities are 0-9 on every transport, but the Redis transport takes the lowest number
+# first and RabbitMQ the highest (specops/celery.py declares the levels on each broker).
+PRIORITY_LEVELS = 10
+
+
+def load_rank(live: int) -> int:
+    """0 for a tenant with nothing in flight, then one rank per doubling of its load, 9 at most
+    (1: 1, 2: 2-3, 3: 4-7, ... 9: 256 or more), so a quiet tenant is ahead of a busy one."""
+    return min(PRIORITY_LEVELS - 1, live.bit_length())
+
+
+def broker_priority(live: int, broker_url: str | None = None) -> int:
+    """The Celery priority of a message from a tenant with ``live`` sessions already in flight."""
+    url = broker_url if broker_url is not None else str(generate.app.conf.broker_url or "")
+    rank = load_rank(live)
+    if urlsplit(url).scheme in ("redis", "rediss", "sentinel", "redis+socket"):
+        return rank  # kombu's Redis transport reads priority 0 first
+    return PRIORITY_LEVELS - 1 - rank  # AMQP: the highest priority first
+
+
+def submit_generation(request: ValidatedRequest, tenant: Tenant, user) -> Session:
     """Write the session and enqueue its task after commit (the worker must see the row).
 
-    Raises ``QueueUnavailable`` if the broker refuses the task (the row is then marked failed).
+    The tenant's row is locked while its live sessions are counted and the new one written, so
+    concurrent submissions of one tenant cannot pass its limit together. Raises ``QuotaExceeded``
+    (nothing written) past the limit, ``QueueUnavailable`` if the broker refuses the task (the row
+    is then marked failed). The task's priority comes from the tenant's load (``broker_priority``).
     """
     data = request.validated_data
     with measure("db_write"), transaction.atomic():
+        locked = Tenant.objects.select_for_update().only("pk", "name", "max_live_generations").get(pk=tenant.pk)
+        live = live_generations(tenant)
+        limit = locked.live_generation_limit()
+        if limit and live >= limit:
+            raise QuotaExceeded(locked, live, limit)
         session = Session.objects.create(
             tenant=tenant, created_by=user, target=data["target"], draft=data["draft"],
             drafter=data["drafter"], queue=data["target"].queue, prompt=data["prompt"],
@@ -132,7 +184,7 @@ def submit_generation(request: ValidatedRequest, tenant, user) -> Session:
         )
     try:
         with measure("enqueue"):  # the Celery instrumentation's apply_async span carries the trace on
-            generate.apply_async(args=[str(session.pk)], queue=session.queue)
+            generate.apply_async(args=[str(session.pk)], queue=session.queue, priority=broker_priority(live))
     except Exception as exc:  # broker down: the session must not sit queued forever
         logger.exception("enqueue of session %s failed", session.pk)
         Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED, error=f"enqueue failed: {exc}")

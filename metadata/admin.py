@@ -46,8 +46,24 @@ from metadata.sessions.cancel import cancel_sessions
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "created_at")
+    """Tenants and their quotas: a quota left empty follows the setting's default, 0 is no limit."""
+
+    list_display = ("name", "live_generations_quota", "open_streams_quota", "created_at")
     search_fields = ("name",)
+    fields = ("name", "max_live_generations", "max_open_streams", "created_at")
+
+    @admin.display(description="generations in flight (limit)")
+    def live_generations_quota(self, tenant: Tenant) -> str:
+        return self._quota(tenant.max_live_generations, tenant.live_generation_limit())
+
+    @admin.display(description="open streams (limit)")
+    def open_streams_quota(self, tenant: Tenant) -> str:
+        return self._quota(tenant.max_open_streams, tenant.open_stream_limit())
+
+    @staticmethod
+    def _quota(own: int | None, effective: int) -> str:
+        value = str(effective) if effective else "no limit"
+        return value if own is not None else f"{value} (default)"
 
 
 @admin.register(TenantMembership)

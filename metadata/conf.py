@@ -46,6 +46,12 @@ SETTINGS = (
             "CPU cores of one database server (default: this host's)"),
     Setting("SPECOPS_CAPACITY_DISK_FREE_BYTES", int, 0,
             "free bytes for the database (0: measure the data directory when readable)"),
+    Setting("SPECOPS_TENANT_MAX_LIVE_GENERATIONS", int, 64,
+            "generations one tenant may have queued or running at once, past which a submission is a 429 "
+            "(0: no limit; a tenant's own limit in the admin wins)"),
+    Setting("SPECOPS_TENANT_MAX_OPEN_STREAMS", int, 200,
+            "session streams (/api/v1/sessions/<id>/stream/) one tenant may hold open at once, past which one "
+            "more is a 429 (0: no limit; a tenant's own limit in the admin wins)"),
 )
 
 conf = AppSettings(SETTINGS)

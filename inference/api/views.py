@@ -26,11 +26,14 @@ def refusal_error(refusal: GenerationRefused) -> APIException:
     """The SpecOps API's answer to a refused generation.
 
     An unknown model is the request's fault (400 on ``model``, as the serializer says it); anything
-    else is a 503, with ``Retry-After`` when the refusal knows when to ask again.
+    else has the refusal's own status (429 past a tenant's quota, else 503), with ``Retry-After``
+    when the refusal knows when to ask again.
     """
     if isinstance(refusal, ModelNotServed):
         return ValidationError({"model": [refusal.message]})
-    return Unavailable(refusal.message, refusal.code, refusal.retry_after_s)
+    error = Unavailable(refusal.message, refusal.code, refusal.retry_after_s)
+    error.status_code = refusal.http_status
+    return error
 
 
 class GenerationViewSet(viewsets.GenericViewSet):

@@ -19,7 +19,7 @@ from core.conf import conf as project_conf
 from core.error_views import error_response
 from core.sse import HEARTBEAT, sse_message, sse_response
 from metadata.api.async_views import Refused, authorize, run_db
-from metadata.api.follow import follow
+from metadata.api.follow import StreamLimitReached, StreamSlot, follow
 from metadata.api.pagination import (
     CandidatePagination,
     SessionPagination,
@@ -156,12 +156,20 @@ async def session_stream(request: HttpRequest, pk) -> HttpResponse:
             absent.detail, dict) else "Not found.")
     if state["tenant_id"] != caller.tenant.pk:
         return error_response(request, 404, "Not found.")  # another tenant's session is as absent as a missing one
-    return sse_response(_session_events(pk, after, staff=bool(caller.user.is_staff)))
+    try:  # the tenant's open streams are bounded (SPECOPS_TENANT_MAX_OPEN_STREAMS)
+        slot = await StreamSlot.acquire(caller.tenant)
+    except StreamLimitReached as exc:
+        return error_response(request, 429, str(exc), code="stream_limit_exceeded",
+                              headers={"Retry-After": str(STREAM_RETRY_AFTER_S)})
+    return sse_response(_session_events(pk, after, staff=bool(caller.user.is_staff), slot=slot))
 
 
-async def _session_events(pk, after: str, staff: bool = False) -> AsyncIterator[str]:
+STREAM_RETRY_AFTER_S = 5  # what a client over its open-stream limit is told to wait
+
+
+async def _session_events(pk, after: str, staff: bool = False, slot: StreamSlot | None = None) -> AsyncIterator[str]:
     idle_limit = project_conf.STREAM_IDLE_LIMIT_S
-    items = follow(pk, after, idle_limit_s=idle_limit)
+    items = follow(pk, after, idle_limit_s=idle_limit, slot=slot)
     try:
         async with aclosing(items):
             async for item in items:

@@ -5,10 +5,36 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from metadata.conf import conf
+
 
 class Tenant(models.Model):
+    """A customer of the platform: its users' sessions are its own, and its quotas bound its share.
+
+    A quota left empty is the setting's default (``SPECOPS_TENANT_MAX_LIVE_GENERATIONS``,
+    ``SPECOPS_TENANT_MAX_OPEN_STREAMS``); 0 is no limit.
+    """
+
     name = models.CharField(max_length=100, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    max_live_generations = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="generations queued or running at once (empty: SPECOPS_TENANT_MAX_LIVE_GENERATIONS; 0: no limit)")
+    max_open_streams = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="session streams open at once (empty: SPECOPS_TENANT_MAX_OPEN_STREAMS; 0: no limit)")
+
+    def live_generation_limit(self) -> int:
+        """Generations this tenant may have queued or running at once (0: no limit)."""
+        if self.max_live_generations is not None:
+            return self.max_live_generations
+        return conf.TENANT_MAX_LIVE_GENERATIONS
+
+    def open_stream_limit(self) -> int:
+        """Session streams this tenant may hold open at once (0: no limit)."""
+        if self.max_open_streams is not None:
+            return self.max_open_streams
+        return conf.TENANT_MAX_OPEN_STREAMS
 
     def __str__(self) -> str:
         return self.name

@@ -102,14 +102,16 @@ def _model_object(target: ModelVersion) -> dict:
 def refusal_error(refusal: GenerationRefused) -> OpenAIError:
     """The OpenAI protocol's answer to a refused generation.
 
-    An unknown model is a 404; anything else (a model still being built, the task queue down) a
-    503 whose Retry-After is the refusal's own when it knows one.
+    An unknown model is a 404; anything else has the refusal's own status (429 past a tenant's
+    quota; a model still being built, the task queue down: 503) and a Retry-After, the refusal's
+    own when it knows one.
     """
     if isinstance(refusal, ModelNotServed):
         return OpenAIError(404, f"The model '{refusal.name}' does not exist or is not active (GET /v1/models lists "
                            "them).", param="model", code="model_not_found")
-    return OpenAIError(503, refusal.message, param="model" if isinstance(refusal, ModelBuilding) else None,
-                       code=refusal.code, headers={"Retry-After": str(refusal.retry_after_s or RETRY_AFTER_S)})
+    return OpenAIError(refusal.http_status, refusal.message,
+                       param="model" if isinstance(refusal, ModelBuilding) else None, code=refusal.code,
+                       headers={"Retry-After": str(refusal.retry_after_s or RETRY_AFTER_S)})
 
 
 @openai_endpoint("GET")
