@@ -59,6 +59,7 @@ from inference.engine.batch.rows import (
     default_prefill_chunk,
 )
 from inference.engine.batch.verification import RowVerification
+from inference.engine.constraints.grammar import matcher_for
 from inference.engine.decode.decoder import check_prompt, reseed_at, resolve_eos
 from inference.engine.decode.draft_length import DraftLengthSchedule
 from inference.engine.decode.draft_tree import DraftTree
@@ -105,6 +106,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
         self.decode = decode or decode_of(target)
+        self.tokenizer = getattr(target, "tokenizer", None)  # compiles a request's constraint
         target, draft = unwrap_model(target), unwrap_model(draft) if draft is not None else None
         self.target = target
         self.draft = draft
@@ -172,7 +174,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         elif kind not in self.drafter_kinds():
             raise ConfigError(f"drafter: {kind!r} cannot run here; available: "
                               f"{', '.join(self.drafter_kinds())}")
-        row = BatchRow(request, kind, max_new, stop, self.device)
+        row = BatchRow(request, kind, max_new, stop, self.device,
+                       matcher_for(request.config, self.tokenizer, self.target))
         if kind in ("tree", "ngram", "suffix", "dspark", "none"):
             row.drafter = build_drafter(kind, target=self.target, draft=self.draft,
                                         config=request.draft_config, corpus=request.corpus, dspark=self.dspark)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.engine.config import DraftConfig, GenerationConfig
+from inference.engine.constraints.matcher import GrammarMatcher
 from inference.engine.decode.decoder import make_generator, sampling_params
 from inference.engine.decode.draft_length import DraftLengthSchedule
 from inference.engine.drafters import AUTO
@@ -106,8 +107,13 @@ class BatchRow:
     """Per-generation state of one batch row."""
 
     def __init__(self, request: BatchRequest, drafter_kind: str, max_new_tokens: int,
-                 stop: StopCondition, device: torch.device) -> None:
+                 stop: StopCondition, device: torch.device, matcher: GrammarMatcher | None = None) -> None:
         self.request = request
+        # the grammar state of a constrained row, rebuilt from the committed tokens on a resume
+        self.matcher = matcher
+        if matcher is not None:
+            matcher.advance(list(request.resume_ids))
+        self.forced_step = False  # this step verifies the grammar's forced tokens, not a draft
         self.drafter_kind = drafter_kind
         self.config = request.config
         self.context: list[int] = list(request.prompt_ids) + list(request.resume_ids)

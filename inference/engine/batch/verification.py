@@ -5,6 +5,10 @@ cache (`target_cache`, row i is `rows[i]`), the step's prompt chunk, `_log_forwa
 `_event`. Each row feeds its new context tokens (a prompt chunk, or its pending token) and its
 draft tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its accepted
 path, and the rejected nodes become holes in the cache.
+
+A constrained row (structured output, constraints/) verifies the grammar's forced tokens
+instead of its draft when there are any (then they are free: always accepted), loses the draft
+nodes the grammar forbids, and has its logits masked to the grammar at every node.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ import time
 import torch
 
 from inference.engine.batch.rows import FINISH_ERROR, BatchRow, RowEvent
+from inference.engine.constraints.masking import mask_logits, prune_forbidden, subtree, with_forced_prefix
+from inference.engine.constraints.matcher import commit_step
+from inference.engine.decode.decoder import MAX_FORCED_DRAFT
 from inference.engine.decode.decoder import branches_of
 from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.decode.sampling import warp_probs
@@ -29,10 +36,30 @@ class RowVerification:
         """The context tokens the row feeds the target this step (a prompt chunk, or the pending one)."""
         return row.context[row.cached:row.chunk_end(self._chunk)]
 
+    def _constrain(self, row: BatchRow, tree: DraftTree) -> tuple[DraftTree, torch.Tensor | None]:
+        """A constrained row's tree to verify (forced tokens, or the draft less what the grammar
+        forbids) and its masks [1 + nodes, vocab_size]; an unconstrained row's tree and None."""
+        row.forced_step = False
+        if row.matcher is None or not row.can_draft(self._chunk):
+            return tree, None  # no verdict this step without the whole context in the forward
+        forced = row.matcher.forced_tokens(min(row.room, MAX_FORCED_DRAFT))
+        if forced:
+            tree, row.forced_step, row.scheduled_expected = with_forced_prefix(forced, DraftTree.empty()), True, None
+        allowed, valid = row.matcher.masks_along(tree)
+        kept = prune_forbidden(tree, valid)
+        if len(kept) < len(tree):
+            tree, allowed = subtree(tree, kept), allowed[[0] + [node + 1 for node in kept]]
+        return tree, allowed
+
     def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
-        """One target forward for every row; the verdict per row (None: a prefill chunk)."""
-        inputs = []
-        for row, tree in zip(self.rows, trees):
+        """One target forward for every row; the verdict per row (None: a prefill chunk).
+
+        A constrained row's tree is replaced in `trees` by the one verified (`_constrain`)."""
+        inputs, masks = [], []
+        for index, row in enumerate(self.rows):
+            trees[index], allowed = self._constrain(row, trees[index])
+            tree = trees[index]
+            masks.append(allowed)
             context_new = self._context_new(row)
             cached, new = row.cached, len(context_new)
             new_mask = None
@@ -63,7 +90,7 @@ class RowVerification:
             # [1 + nodes, vocab]: after the last context token, then after each node
             row_logits = row_logits[new - 1:]
             try:
-                result = self._verdict(row, tree, row_logits)
+                result = self._verdict(row, tree, row_logits, masks[index])
             except Exception as error:  # a row's own failure ends that row, not the batch
                 row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
                 results.append(None)
@@ -84,7 +111,13 @@ class RowVerification:
         tree: DraftTree,
         # [1 + nodes, vocab_size]
         logits: torch.Tensor,
+        # [1 + nodes, vocab_size] bool, a constrained row's masks (None: computed here)
+        allowed: torch.Tensor | None = None,
     ) -> VerifyResult:
+        if row.matcher is not None:  # the prefill lane's first token too
+            if allowed is None:
+                allowed = row.matcher.masks_along(tree)[0]
+            logits = mask_logits(logits, allowed)
         if row.sampling is None:
             return verify_greedy(tree, logits.argmax(dim=-1).tolist())
         if logits.dtype not in (torch.float32, torch.float64):
@@ -98,11 +131,11 @@ class RowVerification:
             return self._event(row, StepOutput([], 0, 0, [], row.finish_reason), prefill_tokens=row.fed_prompt)
         accepted = len(result.accepted_nodes)
         new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
-        emitted, finish_reason = row.stop.clip(row.generated, new_tokens)
+        emitted, finish_reason = commit_step(row.matcher, row.stop, row.generated, new_tokens)
         row.generated.extend(emitted)
         row.context.extend(emitted)
         row.finish_reason = finish_reason
-        if tree.max_depth:
+        if tree.max_depth and not row.forced_step:  # forced tokens say nothing of the drafter
             row.schedule.update(tree.max_depth, accepted)
             self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
                                            sampled=row.sampling is not None)

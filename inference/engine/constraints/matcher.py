@@ -14,6 +14,7 @@ import llguidance
 import torch
 
 from inference.engine.decode.draft_tree import DraftTree
+from inference.engine.decode.stopping import FINISH_STOP, StopCondition
 from inference.engine.errors import EngineError
 
 
@@ -93,3 +94,23 @@ class GrammarMatcher:
                 masks[child + 1] = after
             self._walk(tree, child + 1, masks, valid)
             self.rollback(1)
+
+
+def commit_step(
+    matcher: GrammarMatcher | None,
+    stop: StopCondition,
+    generated: list[int],
+    new_tokens: list[int],
+) -> tuple[list[int], str | None]:
+    """A step's tokens to emit and its finish reason, with the grammar advanced over exactly them.
+
+    The grammar cuts first (the output ends where it completes: finish reason "stop"), then the
+    stop condition (length, EOS, stop strings); what it cuts is rolled back out of the grammar.
+    Without a matcher this is `stop.clip`.
+    """
+    if matcher is None:
+        return stop.clip(generated, new_tokens)
+    kept, completed = matcher.commit(new_tokens)
+    emitted, finish_reason = stop.clip(generated, kept)
+    matcher.rollback(len(kept) - len(emitted))
+    return emitted, finish_reason or (FINISH_STOP if completed else None)

@@ -19,7 +19,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from inference.engine.config import GenerationConfig
 from inference.engine.constraints.grammar import matcher_for
 from inference.engine.constraints.masking import mask_logits, prune_forbidden, subtree, with_forced_prefix
-from inference.engine.constraints.matcher import GrammarMatcher
+from inference.engine.constraints.matcher import GrammarMatcher, commit_step
 from inference.engine.decode.draft_length import DraftLengthSchedule
 from inference.engine.decode.draft_tree import (
     DraftTree,
@@ -36,7 +36,7 @@ from inference.engine.models.modeling import context_length, forward_logits, inp
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.decode.sampling import SamplingParams, warp_probs
 from inference.engine.stats import GenerationStats
-from inference.engine.decode.stopping import FINISH_STOP, StopCondition
+from inference.engine.decode.stopping import StopCondition
 from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
 
 
@@ -214,13 +214,7 @@ class SpeculativeDecoder:
             accepted = len(result.accepted_nodes)
             new_tokens = [tree.token_ids[node] for node in result.accepted_nodes]
             new_tokens.append(result.next_token)
-            completed = False
-            if matcher is not None:
-                new_tokens, completed = matcher.commit(new_tokens)
-            emitted, finish_reason = stop.clip(generated, new_tokens)
-            if matcher is not None:
-                matcher.rollback(len(new_tokens) - len(emitted))
-                finish_reason = finish_reason or (FINISH_STOP if completed else None)
+            emitted, finish_reason = commit_step(matcher, stop, generated, new_tokens)
             generated.extend(emitted)
             context = context + emitted
             schedule.update(tree.max_depth, accepted)
