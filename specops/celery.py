@@ -76,16 +76,28 @@ def visibility_timeout_s(generation_timeout_s: float, task_time_limit_s: float |
     return int(longest + VISIBILITY_MARGIN_S)
 
 
+# Message priorities, 0-9 (``inference.generations.broker_priority``: a tenant with fewer sessions
+# in flight is ahead): one Redis list per level, so the broker hands out the most urgent first.
+PRIORITY_STEPS = list(range(10))
+
+
 @app.on_after_configure.connect
 def set_visibility_timeout(sender: Celery, **kwargs) -> None:
     """Derive the visibility timeout from the settings once they are read (an explicit
-    CELERY_BROKER_TRANSPORT_OPTIONS visibility_timeout wins; RabbitMQ ignores it)."""
+    CELERY_BROKER_TRANSPORT_OPTIONS visibility_timeout wins; RabbitMQ ignores it), and the
+    priority levels: the Redis transport's ``priority_steps`` (its default, 0/3/6/9, would fold
+    the levels into four), RabbitMQ's ``x-max-priority`` on the queues when
+    ``SPECOPS_AMQP_QUEUE_MAX_PRIORITY`` asks for it (RabbitMQ refuses to redeclare a queue with
+    other arguments, so an existing queue must be deleted first: docs/operations.md)."""
     from django.conf import settings
 
     options = dict(sender.conf.broker_transport_options or {})
     options.setdefault("visibility_timeout", visibility_timeout_s(
         float(settings.SPECOPS_GENERATION_TIMEOUT_S), sender.conf.task_time_limit))
+    options.setdefault("priority_steps", PRIORITY_STEPS)
     sender.conf.broker_transport_options = options
+    if settings.SPECOPS_AMQP_QUEUE_MAX_PRIORITY and sender.conf.task_queue_max_priority is None:
+        sender.conf.task_queue_max_priority = settings.SPECOPS_AMQP_QUEUE_MAX_PRIORITY
 
 
 @worker_init.connect
