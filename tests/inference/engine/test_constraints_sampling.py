@@ -76,3 +76,29 @@ def test_constrained_sampling_follows_the_masked_target(kind, config):
     assert joint_p_value(counts, exact_masked_joint(target, params)) > P_VALUE_FLOOR
     # negative control: the draft model's own masked distribution is far from what was emitted
     assert joint_p_value(counts, exact_masked_joint(draft, params)) < 1e-6
+
+
+@pytest.mark.parametrize("drafter", ["draft_model", "tree"])
+def test_constrained_sampling_in_the_batched_engine_follows_the_masked_target(drafter):
+    """The same check with every generation a row of one batched engine (16 rows at a time)."""
+    from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
+    from inference.engine.models.loading import LoadedModel
+
+    from .constraint_models import CONTEXT
+
+    target, draft, _ = models()
+    engine = BatchedSpeculativeEngine(LoadedModel(target, json_tokenizer(), CONTEXT, None),
+                                      LoadedModel(draft, json_tokenizer(), CONTEXT, None))
+    config = dict(max_new_tokens=3, temperature=1.0, eos_token_id=json_tokenizer().eos_token_id,
+                  constraint=CONSTRAINT)
+    results = engine.run([BatchRequest(seed, prompt_ids(), GenerationConfig(seed=seed, **config),
+                                       drafter=drafter, draft_config=DraftConfig(length=2))
+                          for seed in range(RUNS)])
+    counts = np.zeros(VOCAB * (VOCAB + 1))
+    for result in results.values():
+        tokens = result.token_ids
+        counts[tokens[0] * (VOCAB + 1) + (tokens[1] if len(tokens) > 1 else END)] += 1
+    assert sum(result.stats.drafted for result in results.values()) > 0
+    params = SamplingParams(1.0)
+    assert joint_p_value(counts, exact_masked_joint(target, params)) > P_VALUE_FLOOR
+    assert joint_p_value(counts, exact_masked_joint(draft, params)) < 1e-6
