@@ -238,7 +238,7 @@ def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
     worker = _start([sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", BENCH_QUEUE,
                      "--pool", "threads", "--concurrency", str(max(concurrencies)),
                      "--prefetch-multiplier", "1", "-n", "bench-serving@%h", "--without-gossip",
-                     "--without-mingle", "-l", "WARNING"], env, logs / "bench-worker.log")
+                     "--without-mingle", "-l", "INFO"], env, logs / "bench-worker.log")
     web = _start([sys.executable, "-m", "uvicorn", "specops.asgi:application", "--host", "127.0.0.1",
                   "--port", str(port), "--log-level", "warning"], env, logs / "bench-web.log")
     base_url = f"http://127.0.0.1:{port}"
@@ -255,8 +255,13 @@ def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
         _wait_ready(web_up, 60, "web server", [worker, web])
         time.sleep(3)  # the worker connects and preloads the demo pair
         asyncio.run(_measure(base_url, token, 1, 1, 8))  # warm-up: models resident, caches hot
-        return {c: asyncio.run(_measure(base_url, token, c, max(requests, c), max_new_tokens))
-                for c in concurrencies}
+        measures = {c: asyncio.run(_measure(base_url, token, c, max(requests, c), max_new_tokens))
+                    for c in concurrencies}
+        overhead = [line for line in (logs / "bench-worker.log").read_text().splitlines()
+                    if "batching loop:" in line and "step reports" in line]
+        if overhead:  # the front's time per step against the engine core's (batching_loop.py)
+            print("  worker " + overhead[-1].split("INFO/MainProcess]")[-1].strip(), flush=True)
+        return measures
     finally:
         for process in (worker, web):
             stop_process_group(process)

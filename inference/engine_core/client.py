@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 import zmq
@@ -80,12 +81,18 @@ class RemoteCorpora:
 
     def __init__(self, client: CoreClient, max_corpora: int) -> None:
         self.client, self.max_corpora = client, max_corpora
+        self._keys: OrderedDict[Hashable, None] = OrderedDict()  # as the core's corpora are bounded
 
     def add(self, key: Hashable, sequence) -> None:
         self.client.send(AddToCorpus(key, tuple(sequence)))
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.max_corpora:
+            self._keys.popitem(last=False)
 
-    def __len__(self) -> int:  # the core holds them; the front only logs this count
-        return 0
+    def __len__(self) -> int:
+        """The corpora fed through this front (the core holds them, bounded alike)."""
+        return len(self._keys)
 
 
 class CoreClient:

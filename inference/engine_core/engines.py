@@ -8,6 +8,7 @@ batching-loop thread. Django-free.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Hashable
 
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
@@ -61,6 +62,7 @@ class LocalEngines:
         return [self._step(pair, engine) for pair, engine in list(self.engines.items()) if engine.has_work()]
 
     def _step(self, pair: Pair, engine) -> StepReport:
+        started = time.perf_counter()
         try:
             events = engine.step()
         except Exception as error:  # a failed forward fails every session of this engine
@@ -71,7 +73,7 @@ class LocalEngines:
             if event.finished:
                 self._pair_of.pop(event.request_id, None)
         report = StepReport(pair, events, list(engine.forward_log), timing=engine.last_step_timing,
-                            steps=getattr(engine, "steps", 0))
+                            steps=getattr(engine, "steps", 0), seconds=time.perf_counter() - started)
         engine.forward_log.clear()
         if engine.last_decision is not None:
             report.decision_depth = engine.last_decision.depth

@@ -136,6 +136,7 @@ class StepReport:
     step_costs: dict | None = None  # the cost tables, every so often (metrics.observe_step_costs)
     timing: StepTiming | None = None
     steps: int = 0
+    seconds: float = 0.0  # the step's wall time in the engine (what the front's handling must stay below)
     failure: str = ""
 
 

@@ -60,6 +60,7 @@ logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
 RETIRED_CHECK_S = 30.0  # how often idle engines are checked for a target no longer active
+OVERHEAD_LOG_S = 10.0  # how often a busy loop logs its front's time per step against the engine's
 
 
 class DeviceBatchLoop:
@@ -85,6 +86,8 @@ class DeviceBatchLoop:
         self._leaving: dict[Hashable, tuple[int, int | None]] = {}  # dropped rows the engine still holds
         self._deferred: list[SessionJob] = []  # newer runs waiting for their older row to leave
         self._last_retired_check = time.monotonic()
+        self._overhead = [0, 0.0, 0.0]  # step reports, engine seconds, front seconds
+        self._last_overhead_log = time.monotonic()
         self.host: LocalEngines | CoreClient = (  # last: a core's start renews the leases in hand
             CoreClient(self.settings, while_waiting=self._renew_leases_untraced) if core
             else LocalEngines(self.settings, residency))
@@ -154,7 +157,10 @@ class DeviceBatchLoop:
                 self._poll_cancellations()
                 self._renew_leases()
         for report in self.host.step(wait=busy):
+            started = time.perf_counter()
             self._take(report)
+            if isinstance(report, StepReport) and not report.failure:
+                self._observe_overhead(report.seconds, time.perf_counter() - started)
         if not busy:
             return
         if time.monotonic() - self._last_retired_check >= RETIRED_CHECK_S:
@@ -292,6 +298,20 @@ class DeviceBatchLoop:
         if tracing.enabled():
             self._trace_step(report)
         self._record(report.events)
+
+    def _observe_overhead(self, step_seconds: float, front_seconds: float) -> None:
+        """The front's time per step report against the engine's step time (metrics, and a log line
+        every OVERHEAD_LOG_S while busy: bench/serving.py reads it)."""
+        metrics.STEP_SECONDS.observe(step_seconds)
+        metrics.FRONT_REPORT_SECONDS.observe(front_seconds)
+        totals = self._overhead
+        totals[0] += 1
+        totals[1] += step_seconds
+        totals[2] += front_seconds
+        if time.monotonic() - self._last_overhead_log >= OVERHEAD_LOG_S:
+            self._last_overhead_log = time.monotonic()
+            logger.info("batching loop: %d step reports, engine %.2f ms per step, front %.2f ms per report",
+                        totals[0], totals[1] / totals[0] * 1000, totals[2] / totals[0] * 1000)
 
     def _resubmit_all(self) -> None:
         """A new core holds none of the rows: every session in hand joins it again, resuming from

@@ -147,6 +147,17 @@ SUPERSEDED_RUNS = Counter(
     "specops_superseded_runs_total",
     "Runs of a session that left the batch because a later run had claimed it (their fence was stale).",
 )
+STEP_SECONDS = Histogram(
+    "specops_engine_step_seconds",
+    "Wall time of one engine step (its forwards and verdicts), in the engine core or the loop's thread.",
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+)
+FRONT_REPORT_SECONDS = Histogram(
+    "specops_front_report_seconds",
+    "The batching loop's time to take one step's report (record rows, queue stream events and ends): "
+    "it must stay below the step time, or the front holds the device back.",
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
+)
 ENGINE_CORE_RESTARTS = Counter(
     "specops_engine_core_restarts_total",
     "Engine-core processes a worker started again after the previous one died (its sessions were resubmitted).",
