@@ -3,7 +3,8 @@
 * ``spec``: `OutputConstraint`, the constraint as data (kind + schema string) on GenerationConfig;
 * ``grammar``: compile once per (tokenizer, constraint), cached; `check_constraint` for the API;
 * ``matcher``: `GrammarMatcher`, one generation's grammar state (masks, commit, rollback, forced tokens);
-* ``masking``: the target's logits masked to the allowed tokens, and forced tokens as drafts.
+* ``masking``: the target's logits masked to the allowed tokens, and forced tokens as drafts;
+* ``response_format``: the OpenAI `response_format` object (both APIs take it) as a constraint.
 """
 
 from inference.engine.constraints.spec import (
@@ -14,6 +15,7 @@ from inference.engine.constraints.spec import (
 )
 from inference.engine.constraints.matcher import GrammarMatcher, GrammarStateError
 from inference.engine.constraints.grammar import check_constraint, matcher_for, new_matcher
+from inference.engine.constraints.response_format import constraint_from_response_format
 
 __all__ = [
     "JSON_OBJECT",
@@ -23,6 +25,7 @@ __all__ = [
     "GrammarStateError",
     "OutputConstraint",
     "check_constraint",
+    "constraint_from_response_format",
     "matcher_for",
     "new_matcher",
 ]

@@ -20,6 +20,7 @@ from inference.engine.constraints import (
     ConstraintError,
     OutputConstraint,
     check_constraint,
+    constraint_from_response_format,
     new_matcher,
 )
 from inference.engine.decode.decoder import MAX_FORCED_DRAFT
@@ -176,3 +177,31 @@ def test_a_constraint_without_a_tokenizer_is_a_config_error():
     target = models()[0]
     with pytest.raises(ConstraintError, match="tokenizer"):
         generate_plain(target, prompt_ids(), _config(SCHEMAS["flat"]))
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    ({"type": "yaml"}, "response_format.type"),
+    ("json", "response_format"),
+    ({"type": "json_object", "schema": {}}, "response_format.schema"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"schema": {}}}, "response_format.json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": []}}, "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}, "response_format.json_schema.strict"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "shema": {}}}, "response_format.json_schema.shema"),
+])
+def test_a_response_format_is_refused_naming_the_field(value, path):
+    with pytest.raises(ConstraintError) as refused:
+        constraint_from_response_format(value)
+    assert str(refused.value).startswith(f"{path}: ")
+
+
+def test_a_response_format_reads_as_the_constraint_it_asks_for():
+    assert constraint_from_response_format(None) is None
+    assert constraint_from_response_format({"type": "text"}) is None
+    assert constraint_from_response_format({"type": "json_object"}) == OutputConstraint("json_object")
+    schema = SCHEMAS["nested"]
+    assert constraint_from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "pet", "schema": schema, "strict": True}},
+    ) == OutputConstraint.json_schema(schema)

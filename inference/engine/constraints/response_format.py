@@ -1,0 +1,68 @@
+"""The OpenAI `response_format` object as an OutputConstraint: one reading for both APIs and the worker.
+
+Both APIs take the same object (`{"type": "text"}`, `{"type": "json_object"}`,
+`{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}`); a
+session stores it as given, and the worker reads it back here. A refusal is a ConstraintError
+whose message starts with the path of the field at fault (`response_format.json_schema.schema`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inference.engine.constraints.grammar import check_constraint
+from inference.engine.constraints.spec import JSON_OBJECT, JSON_SCHEMA, ConstraintError, OutputConstraint
+
+TEXT = "text"
+TYPES = (TEXT, JSON_OBJECT, JSON_SCHEMA)
+JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
+
+
+def _refuse(path: str, rule: str) -> ConstraintError:
+    return ConstraintError(f"{path}: {rule}")
+
+
+def constraint_from_response_format(value: Any, field: str = "response_format") -> OutputConstraint | None:
+    """The constraint `value` asks for (None: free text); raise ConstraintError naming the field.
+
+    The schema is compiled (without a tokenizer) before this returns, so a schema the grammar
+    engine cannot handle is refused here, before anything is enqueued.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _refuse(field, "must be an object with a 'type'")
+    kind = value.get("type")
+    if kind not in TYPES:
+        raise _refuse(f"{field}.type", f"must be one of {', '.join(TYPES)}")
+    allowed = {"type"} | ({JSON_SCHEMA} if kind == JSON_SCHEMA else set())
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise _refuse(f"{field}.{unknown[0]}", f"unknown field for type {kind!r}")
+    if kind == TEXT:
+        return None
+    if kind == JSON_OBJECT:
+        return OutputConstraint(JSON_OBJECT)
+    return _json_schema(value.get(JSON_SCHEMA), f"{field}.{JSON_SCHEMA}")
+
+
+def _json_schema(spec: Any, path: str) -> OutputConstraint:
+    if not isinstance(spec, dict):
+        raise _refuse(path, "must be an object with 'name' and 'schema'")
+    unknown = sorted(set(spec) - set(JSON_SCHEMA_FIELDS))
+    if unknown:
+        raise _refuse(f"{path}.{unknown[0]}", f"unknown field; takes {', '.join(JSON_SCHEMA_FIELDS)}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise _refuse(f"{path}.name", "must be a non-empty string")
+    if spec.get("strict") not in (None, True, False):
+        raise _refuse(f"{path}.strict", "must be a boolean")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise _refuse(f"{path}.schema", "must be a JSON schema object")
+    constraint = OutputConstraint.json_schema(schema)
+    try:
+        check_constraint(constraint)
+    except ConstraintError as error:
+        raise _refuse(f"{path}.schema", str(error).removeprefix("constraint.schema: ")) from None
+    return constraint
