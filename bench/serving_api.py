@@ -53,10 +53,10 @@ class Measure:
     itl: list[float] = field(default_factory=list)
 
     def describe(self) -> str:
-        from bench.serving import percentile
+        from bench.closed_loop import percentile
 
         def ms(values, q):
-            value = percentile(values, q)
+            value = percentile(values, q / 100)
             return f"{value * 1000:.0f}" if value is not None else "-"
 
         return (f"{self.tokens_per_second:.1f} tok/s, TTFT p50/p95 {ms(self.ttft, 50)}/{ms(self.ttft, 95)} ms, "
@@ -68,7 +68,7 @@ def engine_throughput(target, draft, concurrencies: list[int], requests: int, ma
     """The API's workload on the batched engine alone, in this process, with ``threads`` torch threads."""
     import torch
 
-    from bench.serving import run_batched
+    from bench.closed_loop import run_batched
     from inference.engine import GenerationConfig
     from inference.engine.batch.engine import BatchedSpeculativeEngine
     from inference.engine.batch.policy import SpeculationPolicy
