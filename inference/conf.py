@@ -51,6 +51,9 @@ SETTINGS = (
     Setting("SPECOPS_SUFFIX_WARM_AGE_S", float, 86400.0, "the suffix index is warmed from sessions created at most this long ago"),
     Setting("SPECOPS_OPENAI_TIMEOUT_S", float, 300.0,
             "how long a non-streaming /v1/ request waits for its generation before a 504"),
+    Setting("SPECOPS_CANCEL_ON_DISCONNECT", bool, True,
+            "a /v1/ request whose client disconnects before its reply ends cancels its generation (off: the "
+            "generation runs to its end as a session)"),
     Setting("SPECOPS_AMQP_QUEUE_MAX_PRIORITY", int, 0,
             "x-max-priority of the task queues on a RabbitMQ broker (0: none, message priorities ignored; 9: "
             "tenants admitted by load as on Redis; an existing queue must be deleted first, docs/operations.md)"),

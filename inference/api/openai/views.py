@@ -55,8 +55,9 @@ from inference.generations import (
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from metadata.api.async_views import Caller, Refused, authorize, run_db
 from metadata.api.serializers import public_error
-from metadata.models import SessionStatus
+from metadata.models import Session, SessionStatus
 from metadata.sessions import token_stream
+from metadata.sessions.cancel import cancel_sessions
 
 DONE = "data: [DONE]\n\n"
 RETRY_AFTER_S = 5  # what a client is told to wait when the refusal does not say
@@ -236,8 +237,22 @@ class _Progress:
         return openai_finish_reason(self.done.get("finish_reason") or "", self.text.stopped)
 
 
+def _cancel_session(session_id: str) -> None:
+    cancel_sessions(Session.objects.filter(pk=session_id))
+
+
+async def _cancel_abandoned(submission: Submission, progress: _Progress) -> None:
+    """The client went away before its reply ended (Django cancels the view, or closes the stream):
+    nobody will read the generation, so it stops (SPECOPS_CANCEL_ON_DISCONNECT)."""
+    if conf.CANCEL_ON_DISCONNECT and progress.done is None:
+        await run_db(_cancel_session, submission.session_id)
+
+
 async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submission) -> dict:
-    """Follow the session's stream to its end (at most SPECOPS_OPENAI_TIMEOUT_S): the whole reply."""
+    """Follow the session's stream to its end (at most SPECOPS_OPENAI_TIMEOUT_S): the whole reply.
+
+    A client that disconnects meanwhile cancels the generation (``_cancel_abandoned``).
+    """
     progress = _Progress(request, submission)
     timeout = conf.OPENAI_TIMEOUT_S
     if progress.done is None:
@@ -252,6 +267,9 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
         except RedisError:
             raise OpenAIError(503, "the token stream is unavailable; try again shortly.",
                               code="stream_unavailable", headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except asyncio.CancelledError:
+            await _cancel_abandoned(submission, progress)
+            raise
     failure = _failure(progress.done, submission.session_id, submission.staff)
     if failure is not None:
         raise failure
@@ -267,7 +285,8 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     """OpenAI's stream: deltas as steps arrive, the finish chunk, the usage chunk, ``[DONE]``.
 
     A failure, a cancellation or the idle limit ends it with an ``{"error": ...}`` chunk (the
-    official client raises it) and ``[DONE]``: never a silent close.
+    official client raises it) and ``[DONE]``: never a silent close. A client that closes it
+    first cancels the generation (``_cancel_abandoned``).
     """
     progress = _Progress(request, submission)
     with_usage = request.include_usage
@@ -295,6 +314,9 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
                             observe("streaming", time.perf_counter() - received)
         except RedisError:
             error = OpenAIError(503, "the token stream is unavailable.", code="stream_unavailable")
+        except (asyncio.CancelledError, GeneratorExit):  # the client closed the stream
+            await _cancel_abandoned(submission, progress)
+            raise
     error = error or _failure(progress.done, submission.session_id, submission.staff)
     if error is not None:
         yield _data(error.body())
