@@ -336,6 +336,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     def _row_depth(self, row: BatchRow, policy_depth: int) -> int:
         if not row.can_draft(self._chunk) or row.drafter_kind == "none":
             return 0
+        if row.matcher is not None and row.matcher.forced_tokens(1):
+            return 0  # the grammar's forced tokens are the step's draft (verification.py)
         if row.own_schedule or not self.policy.enabled:
             return max(0, min(row.schedule.length, row.room))
         if row.prefilling:

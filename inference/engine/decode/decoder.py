@@ -40,7 +40,10 @@ from inference.engine.decode.stopping import StopCondition
 from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
 
 
-# the most grammar-forced tokens one step proposes (a long forced key costs one verify per this many)
+# The most grammar-forced tokens one step verifies (a long forced key costs one verify per this
+# many). A step with forced tokens verifies those alone, the drafter sitting out, as the batched
+# engine does (its draft_model rows draft in a shared forward that cannot start after them), so a
+# seeded sampled generation gives the same tokens alone and in a batch.
 MAX_FORCED_DRAFT = 16
 
 
@@ -202,8 +205,8 @@ class SpeculativeDecoder:
             with torch.inference_mode():
                 room = max_new_tokens - len(generated) - 1
                 forced = matcher.forced_tokens(min(room, MAX_FORCED_DRAFT)) if matcher is not None else []
-                tree = self._draft(context, forced, min(schedule.length, room - len(forced)),
-                                   sampling, generator)
+                tree = (with_forced_prefix(forced, DraftTree.empty()) if forced
+                        else self._draft(context, min(schedule.length, room), sampling, generator))
                 drafted_at = time.perf_counter()
                 cached = cache.get_seq_length()
                 with tapped(self.target, feature_layers(self.drafter)) as tap:
@@ -217,7 +220,8 @@ class SpeculativeDecoder:
             emitted, finish_reason = commit_step(matcher, stop, generated, new_tokens)
             generated.extend(emitted)
             context = context + emitted
-            schedule.update(tree.max_depth, accepted)
+            if not forced:  # forced tokens say nothing of the drafter
+                schedule.update(tree.max_depth, accepted)
             finished_at = time.perf_counter()
             stats.record_step(len(tree), tree.max_depth, accepted)
             stats.new_tokens = len(generated)
@@ -227,16 +231,12 @@ class SpeculativeDecoder:
             yield StepOutput(emitted, len(tree), accepted, branches_of(tree, result.accepted_nodes),
                              finish_reason)
 
-    def _draft(self, context: list[int], forced: list[int], depth: int,
-               sampling: SamplingParams | None, generator: torch.Generator | None) -> DraftTree:
-        """The grammar's forced tokens, then the drafter's tree (`depth` deep at most) after them.
-
-        A drafter that reads the target's features (dspark) has none for the forced tokens yet,
-        so it sits out a step that has forced tokens."""
-        tree = DraftTree.empty()
-        if depth > 0 and not (forced and feature_layers(self.drafter)):
-            tree = self.drafter.propose(context + forced, DraftRequest(depth, sampling, generator))
-        return with_forced_prefix(forced, tree)
+    def _draft(self, context: list[int], depth: int, sampling: SamplingParams | None,
+               generator: torch.Generator | None) -> DraftTree:
+        """The drafter's tree, `depth` deep at most (DraftTree.empty at depth 0)."""
+        if depth <= 0:
+            return DraftTree.empty()
+        return self.drafter.propose(context, DraftRequest(depth, sampling, generator))
 
     def _prefill_features(self, prompt: list[int], cache: DynamicCache) -> None:
         """For a drafter that reads the target's features (dspark): feed all but the last prompt

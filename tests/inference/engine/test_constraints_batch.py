@@ -59,3 +59,21 @@ def test_a_resumed_row_rebuilds_its_grammar_from_the_committed_tokens(cut):
     resumed = _engine("separate").run([BatchRequest("r", prompt_ids(), _config(schema), drafter="draft_model",
                                                     resume_ids=tuple(reference[:cut]))])["r"]
     assert reference[:cut] + resumed.token_ids == reference
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_seeded_sampled_constrained_row_gives_the_tokens_it_gives_alone(kind):
+    from inference.engine import DraftConfig, SpeculativeDecoder, build_drafter
+
+    target, _, noisy = models()
+    config = _config(SCHEMAS["nested"], temperature=0.9, seed=11)
+    draft_config = DraftConfig(length=3, tree_width=2, tree_depth=3, node_budget=6)
+    alone = SpeculativeDecoder(target, build_drafter(kind, target=target, draft=noisy, config=draft_config),
+                               tokenizer=json_tokenizer()).generate(prompt_ids(), config)
+    companions = [BatchRequest(f"greedy{index}", prompt_ids(), _config(schema), drafter="draft_model")
+                  for index, schema in enumerate(SCHEMAS.values())]
+    batched = _engine("separate").run(
+        companions + [BatchRequest("seeded", prompt_ids(), config, drafter=kind, draft_config=draft_config)],
+        arrivals={"greedy1": 2})["seeded"]
+    assert batched.token_ids == alone.token_ids
+    _valid(batched.token_ids, SCHEMAS["nested"])
