@@ -206,6 +206,26 @@ async def _measure(base_url: str, token: str, concurrency: int, requests: int,
         return measure
 
 
+def _server_side(since: float) -> str:
+    """Where the sessions' time to first token went, by the worker's own stats (median): in the
+    queue (created -> admitted to the batch) and to the first step (created -> first token)."""
+    import statistics
+    from datetime import datetime, timezone
+
+    from metadata.models import Session
+    from metadata.replicas.lsn import primary_only
+
+    with primary_only():
+        stats = list(Session.objects.filter(created_at__gte=datetime.fromtimestamp(since, timezone.utc),
+                                            status="succeeded").values_list("stats", flat=True))
+    queue = [s["queue_seconds"] for s in stats if s.get("queue_seconds") is not None]
+    first = [s["ttft_seconds"] for s in stats if s.get("ttft_seconds") is not None]
+    if not queue or not first:
+        return "no stats"
+    return (f"{len(stats)} sessions, queue {statistics.median(queue) * 1000:.0f} ms, "
+            f"first token {statistics.median(first) * 1000:.0f} ms (medians, from the session's creation)")
+
+
 def api_throughput(model_dir: Path, concurrencies: list[int], requests: int, max_new_tokens: int,
                    admin_url: str = ADMIN_URL,
                    redis_db: int = 7) -> dict[int, Measure]:
@@ -255,8 +275,11 @@ def _api_throughput(model_dir: Path, concurrencies: list[int], requests: int,
         _wait_ready(web_up, 60, "web server", [worker, web])
         time.sleep(3)  # the worker connects and preloads the demo pair
         asyncio.run(_measure(base_url, token, 1, 1, 8))  # warm-up: models resident, caches hot
-        measures = {c: asyncio.run(_measure(base_url, token, c, max(requests, c), max_new_tokens))
-                    for c in concurrencies}
+        measures = {}
+        for c in concurrencies:
+            since = time.time()
+            measures[c] = asyncio.run(_measure(base_url, token, c, max(requests, c), max_new_tokens))
+            print(f"  server side, c={c}: {_server_side(since)}", flush=True)
         overhead = [line for line in (logs / "bench-worker.log").read_text().splitlines()
                     if "batching loop:" in line and "step reports" in line]
         if overhead:  # the front's time per step against the engine core's (batching_loop.py)
