@@ -60,7 +60,9 @@ fi
 # ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
 start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
   --workers "${WEB_WORKERS:-2}"
-# One process per device, one batching loop in it: each thread of the pool hands it a session.
+# One worker per device, one batching loop in it: each thread of the pool hands it a session, and
+# the loop feeds the device's engine core, a child process the worker starts that holds the models
+# and only steps (inference/engine_core/; SPECOPS_ENGINE_CORE=thread keeps it in the worker).
 # One torch thread (OMP_NUM_THREADS, unless set): the web, PostgreSQL and Redis share these cores
 # with the worker, and a second torch thread, spinning or sleeping between ops, made the API slower
 # (measured: bench/README.md, Serving).

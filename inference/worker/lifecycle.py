@@ -91,7 +91,8 @@ def prepare(session: Session) -> SessionJob:
     draft = residency.get(session.draft) if session.draft else None
     tokenizer = target.tokenizer
     prompt_ids = tokenizer(session.prompt)["input_ids"]
-    resumed, next_step = committed_tokens(session)
+    # a first run (attempts 1: the first claim) has no committed tokens: no query
+    resumed, next_step = committed_tokens(session) if session.attempts > 1 else ([], 0)
     if token_stream.begin_run(session.pk, session.attempts, next_step - 1) < 0:
         logger.warning("session %s: a later run began before run %d", session.pk, session.attempts)
     request = BatchRequest(
