@@ -132,6 +132,7 @@ def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
     session = Session.objects.select_related("target", "draft").get(pk=session_id)
     if session.status in TERMINAL:
         return session.status  # a redelivery of a finished task does nothing
+    claimed_at = time.monotonic()  # before the claim's UPDATE: the lease runs from later than this
     if claim(session) is None:
         return Session.objects.get(pk=session.pk).status  # another worker holds it
     if session.attempts > conf.MAX_ATTEMPTS:
@@ -153,7 +154,10 @@ def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
                        text=job.target.tokenizer.decode(tokens), stats={"resumed_tokens": len(tokens)},
                        next_step=job.recorder.step)
         return SessionStatus.SUCCEEDED
-    if renew_leases({session.pk: session.attempts}):
+    # Another run can have claimed the session only if this run's lease lapsed while it prepared
+    # (a slow model load): checked (and renewed) then; a quick prepare saves the round trip.
+    prepared_within_lease = time.monotonic() - claimed_at < conf.SESSION_LEASE_S / 2
+    if not prepared_within_lease and renew_leases({session.pk: session.attempts}):
         logger.warning("session %s: run %d was taken over while it prepared", session.pk, session.attempts)
         return SUPERSEDED
     submit(job)
