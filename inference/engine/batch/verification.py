@@ -19,7 +19,7 @@ import torch
 
 from inference.engine.batch.rows import FINISH_ERROR, BatchRow, RowEvent
 from inference.engine.constraints.masking import mask_logits, prune_forbidden, subtree, with_forced_prefix
-from inference.engine.constraints.matcher import commit_step
+from inference.engine.constraints.matcher import GrammarStateError, commit_step
 from inference.engine.decode.decoder import MAX_FORCED_DRAFT
 from inference.engine.decode.decoder import branches_of
 from inference.engine.decode.draft_tree import DraftTree
@@ -57,7 +57,10 @@ class RowVerification:
         A constrained row's tree is replaced in `trees` by the one verified (`_constrain`)."""
         inputs, masks = [], []
         for index, row in enumerate(self.rows):
-            trees[index], allowed = self._constrain(row, trees[index])
+            try:
+                trees[index], allowed = self._constrain(row, trees[index])
+            except Exception as error:  # raised at its verdict: the row ends, not the batch
+                trees[index], allowed = DraftTree.empty(), error
             tree = trees[index]
             masks.append(allowed)
             context_new = self._context_new(row)
@@ -111,9 +114,12 @@ class RowVerification:
         tree: DraftTree,
         # [1 + nodes, vocab_size]
         logits: torch.Tensor,
-        # [1 + nodes, vocab_size] bool, a constrained row's masks (None: computed here)
-        allowed: torch.Tensor | None = None,
+        # [1 + nodes, vocab_size] bool, a constrained row's masks (None: computed here), or the
+        # error its grammar raised before the forward
+        allowed: torch.Tensor | Exception | None = None,
     ) -> VerifyResult:
+        if isinstance(allowed, Exception):
+            raise allowed
         if row.matcher is not None:  # the prefill lane's first token too
             if allowed is None:
                 allowed = row.matcher.masks_along(tree)[0]
@@ -131,7 +137,10 @@ class RowVerification:
             return self._event(row, StepOutput([], 0, 0, [], row.finish_reason), prefill_tokens=row.fed_prompt)
         accepted = len(result.accepted_nodes)
         new_tokens = [tree.token_ids[node] for node in result.accepted_nodes] + [result.next_token]
-        emitted, finish_reason = commit_step(row.matcher, row.stop, row.generated, new_tokens)
+        try:
+            emitted, finish_reason = commit_step(row.matcher, row.stop, row.generated, new_tokens)
+        except GrammarStateError as error:  # a bug, never input: the row ends, not the batch
+            emitted, finish_reason, row.error = [], FINISH_ERROR, f"{type(error).__name__}: {error}"
         row.generated.extend(emitted)
         row.context.extend(emitted)
         row.finish_reason = finish_reason

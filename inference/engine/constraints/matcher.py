@@ -31,6 +31,8 @@ class GrammarMatcher:
 
     def allowed(self) -> torch.Tensor:
         """[vocab_size] bool: the tokens the grammar allows next."""
+        if self._matcher.is_error():  # e.g. a parser limit reached: no mask to trust
+            raise GrammarStateError(f"grammar failed: {self._matcher.get_error()}")
         words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
         bits = np.unpackbits(words, bitorder="little")[: self.vocab_size]
         if bits.shape[0] < self.vocab_size:

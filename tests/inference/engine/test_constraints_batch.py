@@ -77,3 +77,28 @@ def test_a_seeded_sampled_constrained_row_gives_the_tokens_it_gives_alone(kind):
         arrivals={"greedy1": 2})["seeded"]
     assert batched.token_ids == alone.token_ids
     _valid(batched.token_ids, SCHEMAS["nested"])
+
+
+class _BrokenMatcher:
+    """A grammar state that fails, as one past a parser limit would."""
+
+    def forced_tokens(self, limit):
+        return []
+
+    def masks_along(self, tree):
+        raise RuntimeError("parser limit reached")
+
+
+def test_a_row_whose_grammar_fails_ends_alone_and_its_companions_go_on():
+    engine, target = _engine("shared"), models()[0]
+    engine.submit(BatchRequest("broken", prompt_ids(), _config(SCHEMAS["flat"]), drafter="ngram"))
+    engine.submit(BatchRequest("free", prompt_ids(), _free_config(), drafter="draft_model"))
+    engine.waiting[0].matcher = _BrokenMatcher()
+    tokens, finished = {"broken": [], "free": []}, {}
+    while engine.has_work():
+        for event in engine.step():
+            tokens[event.request_id] += event.step.token_ids
+            if event.finished:
+                finished[event.request_id] = event.step.finish_reason
+    assert finished["broken"] == "error" and tokens["broken"] == []
+    assert tokens["free"] == generate_plain(target, prompt_ids(), _free_config()).token_ids
