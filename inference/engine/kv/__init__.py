@@ -7,6 +7,8 @@
   (`RaggedCache`, fed a `RowInput` per row);
 * ``windows``: sliding-window attention on caches that keep every token (the window in the mask),
   and the one-line refusal of layer kinds the engine cannot serve.
+* ``row_attention``: attention one query at a time over exactly its own keys, for a model that
+  rounds its rows (an int8 target), so a verify's rows equal one-token forwards bit for bit.
 """
 
 from inference.engine.kv.ragged import RaggedCache, RowInput

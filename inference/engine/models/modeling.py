@@ -23,6 +23,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from inference.engine.errors import UnsupportedModelError
+from inference.engine.kv.row_attention import KeySpan, attention_by_row, is_row_exact, visible_keys
 from inference.engine.kv.windows import model_attention_layout, windowed_masks
 from inference.engine.models.features import EMBEDDING_LAYER, active_tap
 from inference.engine.models.linear_kernels import linear_kernels
@@ -109,6 +110,8 @@ def _lean_hidden(
     past = cache.get_seq_length()
     if position_ids is None:
         position_ids = torch.arange(past, past + new_tokens, device=input_ids.device)[None]
+    # a model that rounds its rows (an int8 target) attends query by query (kv/row_attention.py)
+    spans = visible_keys(attention_mask, input_ids.shape[0], new_tokens, past) if is_row_exact(model) else None
     if attention_mask is None and new_tokens > 1:
         attention_mask = torch.full((new_tokens, past + new_tokens), torch.finfo(hidden.dtype).min,
                                     dtype=hidden.dtype, device=input_ids.device)
@@ -124,7 +127,7 @@ def _lean_hidden(
             hidden = layer(hidden, attention_mask=attention_mask, position_embeddings=position_embeddings,
                            position_ids=position_ids, cache=cache, use_cache=True)
         else:
-            hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer, packing)
+            hidden = _lean_layer(layer, hidden, attention_mask, position_embeddings, cache_layer, packing, spans)
         if tap is not None:
             tap.record(index, hidden)
     return inner.norm(hidden)
@@ -171,13 +174,14 @@ class Packing:
 
 def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor], cache_layer,
-                packing: Packing | None = None) -> torch.Tensor:
+                packing: Packing | None = None, spans: list[list[KeySpan]] | None = None) -> torch.Tensor:
     """One Llama/Qwen2 decoder layer, the same ops as its `forward` but attention with `enable_gqa`.
 
     transformers' SDPA path expands the cached keys and values to every query head (`repeat_kv`,
     a copy of the layer's whole cache) whenever a mask is given and more than one token is new:
     every verify of the batched engine. SDPA's own grouped-query attention gives the same values
-    bit for bit without the copy (tests/inference/engine/test_modeling.py).
+    bit for bit without the copy (tests/inference/engine/test_modeling.py). With `spans` (a model
+    marked row-exact, an int8 target) each query attends alone to its own keys (kv/row_attention.py).
     """
     attention = layer.self_attn
     kernels = linear_kernels().linear  # module(x), on oneDNN for large row counts where it is exact
@@ -200,9 +204,12 @@ def _lean_layer(layer: torch.nn.Module, hidden: torch.Tensor, attention_mask: to
     cos, sin = position_embeddings
     query, key = _rotary_function(attention)(query, key, cos, sin)
     key, value = cache_layer.update(key, value)
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, scale=attention.scaling,
-        enable_gqa=attention.num_key_value_groups > 1)
+    if spans is not None:  # query by query over its own keys (`visible_keys`)
+        output = attention_by_row(query, key, value, spans, attention.scaling, attention.num_key_value_groups > 1)
+    else:
+        output = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=attention.scaling,
+            enable_gqa=attention.num_key_value_groups > 1)
     output = output.transpose(1, 2).contiguous().reshape(*input_shape, -1).contiguous()
     hidden = residual + linear(attention.o_proj, output)
     residual = hidden

@@ -21,7 +21,10 @@ from torch import nn
 
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
+from inference.engine.kv.rollback import new_cache
 from inference.engine.models.loading import ModelLoadError, load_causal_lm
+from inference.engine.models.modeling import forward_logits
+from inference.engine.decode.draft_tree import DraftTree, tree_attention_mask, tree_position_ids
 from inference.engine.decode.sampling import SamplingParams
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.models.variant_writer import build_variant_dir
@@ -181,6 +184,41 @@ def test_int8_target_in_the_batched_engine_matches_its_own_greedy_per_row():
     prompts = _prompts()
     expected = {i: generate_plain(target, p, generation).token_ids for i, p in enumerate(prompts)}
     assert _batched(target, draft, prompts, generation) == expected
+
+
+def _one_token_at_a_time(model, token_ids: list[int]) -> torch.Tensor:
+    """The logits after `token_ids`, each token fed alone: the reference every forward must equal."""
+    cache = new_cache(model)
+    for token in token_ids:
+        logits = forward_logits(model, [token], cache, keep=1)[0]
+    return logits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_an_int8_targets_verify_rows_equal_its_one_token_forwards_bit_for_bit(arch):
+    """Why the speculative greedy above once differed (qwen2, at token 24): SDPA's low bits for a
+    query depend on the other queries and the masked keys of its call, and the int8 layers after
+    it turn such an ulp into a quantisation step. An int8 target attends query by query
+    (kv/row_attention.py): a prefill, a verify's chain and a tree node whose keys have a gap
+    all give the logits of one-token forwards bit for bit."""
+    target = _int8(target_model(arch), per_token=True)
+    prompt = _prompts()[2]
+    tree = DraftTree([5, 9, 11, 7], [-1, -1, 1, 2], [0.0] * 4)  # node 2 skips node 0's key
+    cached = len(prompt) - 1
+    with torch.inference_mode():
+        cache = new_cache(target)
+        prefill = forward_logits(target, prompt[:-1], cache, keep=cached)
+        mask = tree_attention_mask(tree.ancestor_matrix(), cached, 1, target.dtype, target.device)
+        positions = tree_position_ids(tree.depths, cached, 1, target.device)
+        verified = forward_logits(target, prompt[-1:] + tree.token_ids, cache, len(tree) + 1, mask, positions)
+        chain = forward_logits(target, prompt + [9, 11, 7], new_cache(target), keep=4)
+        for row in range(cached):
+            assert torch.equal(prefill[row], _one_token_at_a_time(target, prompt[:row + 1]))
+        for row, path in enumerate(([], [5], [9], [9, 11], [9, 11, 7])):
+            expected = _one_token_at_a_time(target, prompt + path)
+            assert torch.equal(verified[row], expected), path
+            if path[:1] != [5]:  # on the chain prompt + [9, 11, 7] too
+                assert torch.equal(chain[len(path)], expected), path
 
 
 # ------------------------------------------------------------------------------ directories

@@ -7,8 +7,10 @@ greedy" and makes a request's output depend on its neighbours; for a draft it ma
 sampling depend on them (never its distribution: every draft is verified). So a target's int8
 variant quantises activations per token (`Int8Linear`): every row is scaled to max |x| = 1 and two
 rail inputs (+1, -1, against zero weight columns) pin the tensor's range, which makes the
-quantiser's parameters the same for every row whatever else is in the tensor. A draft's keeps
-plain ``quantize_dynamic`` (``activations="per_tensor"``: cheaper, batch-dependent).
+quantiser's parameters the same for every row whatever else is in the tensor. Rounding also
+turns an ulp of attention into an int8 step, so such a model attends query by query too
+(`mark_row_exact`, kv/row_attention.py). A draft's keeps plain ``quantize_dynamic``
+(``activations="per_tensor"``: cheaper, batch-dependent).
 
 No weights are stored for an int8 variant: quantisation is a deterministic function of the fp32
 weights, redone at load and checked against the recipe's ``weights_digest`` (`int8_weights_digest`).
@@ -22,6 +24,7 @@ import warnings
 import torch
 from torch import nn
 
+from inference.engine.kv.row_attention import mark_row_exact
 from inference.engine.models.variants.recipes import VariantError
 
 
@@ -130,7 +133,9 @@ def quantize_int8(model: nn.Module, per_token: bool = True, per_channel: bool = 
             replaced += 1
     if replaced == 0:
         raise VariantError(f"{type(model).__name__} has no Linear layers to quantise")
-    return model
+    # Its rows are now rounded: an ulp of attention a verify computes differently from a one-token
+    # forward can become an int8 step and another token, so it attends query by query.
+    return mark_row_exact(model) if per_token else model
 
 
 def int8_weights_digest(model: nn.Module) -> str:
