@@ -10,8 +10,10 @@ Two kinds of users:
   is the read path the two-tier cache and request coalescing exist for.
 
 Run it through ``deploy/loadtest/run.sh`` (headless, bounded, SLO verdict per endpoint and on the
-TTFT). Settings come from the environment: ``SPECOPS_TOKEN`` (required, ``manage.py
-drf_create_token api``) and the ``SPECOPS_LOAD_*`` variables below. Every URL the API returns
+TTFT). Settings come from the environment: the tokens, ``SPECOPS_LOAD_TOKENS_FILE`` (one a line;
+``run.sh`` makes one per user, each of a tenant of its own: ``manage.py loadtest_tenants``) or
+else ``SPECOPS_TOKEN`` (one for every user), and the ``SPECOPS_LOAD_*`` variables below. Users
+take the tokens in turn, so with as many tokens as users each calls with its own. Every URL the API returns
 is reduced to its path, so requests only ever go to the host locust was given. The test stops by
 itself after ``--run-time`` or after ``SPECOPS_LOAD_MAX_REQUESTS`` requests, whichever comes first.
 
@@ -132,12 +134,30 @@ MAX_STREAMS = _env_int("SPECOPS_LOAD_MAX_STREAMS", 2)  # open streams at once (s
 DRAFTERS = _env_drafters()
 
 # Shared by the users of this process (gevent greenlets: no locking needed).
-known_sessions: deque[str] = deque(maxlen=500)
+# Sessions by the token that made or listed them: a tenant's session is a 404 to every other tenant.
+known_sessions: dict[str, deque[str]] = {}
 generation_results: list[tuple[str, float, int]] = []  # (final status, seconds to done, tokens)
 _request_count = itertools.count(1)
 _stopping = False
 _runner = None  # set at test start; the max-requests stop needs it
 _stream_slots = gevent.lock.BoundedSemaphore(MAX_STREAMS)
+
+
+def _load_tokens() -> list[str]:
+    """The API tokens the users call with: SPECOPS_LOAD_TOKENS_FILE's lines, else SPECOPS_TOKEN."""
+    path = os.environ.get("SPECOPS_LOAD_TOKENS_FILE", "")
+    if path:
+        try:
+            tokens = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+        except OSError as exc:
+            raise SystemExit(f"SPECOPS_LOAD_TOKENS_FILE: {exc}") from None
+        return tokens
+    token = os.environ.get("SPECOPS_TOKEN", "")
+    return [token] if token else []
+
+
+TOKENS = _load_tokens()
+_next_token = itertools.cycle(TOKENS or [""])
 
 
 class StreamError(Exception):
@@ -194,8 +214,8 @@ def _stop_after_max_requests(**_kwargs) -> None:
 def _on_test_start(environment, **_kwargs) -> None:
     global _runner
     _runner = environment.runner
-    if not os.environ.get("SPECOPS_TOKEN"):
-        logger.error("SPECOPS_TOKEN is not set (create one: manage.py drf_create_token api)")
+    if not TOKENS:
+        logger.error("no API token: set SPECOPS_LOAD_TOKENS_FILE or SPECOPS_TOKEN (deploy/loadtest/run.sh makes them)")
         gevent.spawn(environment.runner.quit)
 
 
@@ -221,7 +241,15 @@ class SpecOpsUser(HttpUser):
     host = DEFAULT_HOST
 
     def on_start(self) -> None:
-        self.client.headers["Authorization"] = f"Token {os.environ.get('SPECOPS_TOKEN', '')}"
+        self.token = next(_next_token)  # each user its own, in turn
+        self.client.headers["Authorization"] = f"Token {self.token}"
+
+    def sessions(self) -> deque[str]:
+        """The sessions this user's tenant has (those it made or listed)."""
+        return known_sessions.setdefault(self.token, deque(maxlen=500))
+
+    def remember(self, session_id: str) -> None:
+        self.sessions().append(session_id)
         self.client.headers["Accept"] = "application/json"
 
 
@@ -274,7 +302,7 @@ class GenerationUser(SpecOpsUser):
                 response.failure(describe(response))
                 return
             created = response.json()
-        known_sessions.append(str(created["id"]))
+        self.remember(str(created["id"]))
         if random.random() < STREAM_SHARE and _stream_slots.acquire(blocking=False):
             try:
                 self._time_to_first_token(path_of(created["stream_url"]), posted)
@@ -351,18 +379,24 @@ class GenerationUser(SpecOpsUser):
 
 
 class BurstReader(SpecOpsUser):
-    """Read one session's state ``SPECOPS_LOAD_BURST_READS`` times back to back."""
+    """Read one of its tenant's sessions ``SPECOPS_LOAD_BURST_READS`` times back to back.
+
+    The sessions are its tenant's (the list's first page); a tenant that has none yet gets one
+    generation, whose state is then read whether or not a worker runs it.
+    """
 
     weight = 1
     wait_time = between(0.5, 1.5)
 
     @task
     def burst(self) -> None:
-        if not known_sessions:
+        if not self.sessions():
             self._discover_sessions()
-            if not known_sessions:
+            if not self.sessions():
+                self._make_session()
+            if not self.sessions():
                 return
-        session_id = random.choice(known_sessions)
+        session_id = random.choice(self.sessions())
         for _ in range(BURST_READS):
             with self.client.get(f"{API}/sessions/{session_id}/", name=f"{API}/sessions/[id]/ (burst)",
                                  catch_response=True) as response:
@@ -376,4 +410,13 @@ class BurstReader(SpecOpsUser):
             if response.status_code != 200:
                 response.failure(describe(response))
                 return
-            known_sessions.extend(str(row["id"]) for row in response.json()["results"])
+            self.sessions().extend(str(row["id"]) for row in response.json()["results"])
+
+    def _make_session(self) -> None:
+        request = {"prompt": random.choice(PROMPTS), "max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}
+        with self.client.post(f"{API}/generations/", json=request, name=f"{API}/generations/",
+                              catch_response=True) as response:
+            if response.status_code not in (200, 202):
+                response.failure(describe(response))
+                return
+            self.remember(str(response.json()["id"]))

@@ -4,7 +4,12 @@
 # from the POST to the stream's first tokens event). Exit status: 0 the SLO held on every judged
 # endpoint, 1 it was broken on one, 2 the run could not be judged or an argument is wrong.
 #
-#   SPECOPS_TOKEN=<key> deploy/loadtest/run.sh [options] [USER_CLASS ...]
+#   deploy/loadtest/run.sh [options] [USER_CLASS ...]
+#
+# Each simulated user calls with a token of its own, of a tenant of its own: the run creates them
+# (manage.py loadtest_tenants, tenants loadtest-1..N) and removes its users and tokens at the end,
+# so it measures the platform, not the per-token throttle. It needs this checkout's database
+# (the one `make run` uses); against another deployment give the tokens instead.
 #
 #   -H, --host URL          target (default $SPECOPS_LOAD_HOST or http://127.0.0.1:8000); only
 #                           loopback hosts unless SPECOPS_LOAD_ALLOW_REMOTE=1
@@ -16,7 +21,9 @@
 #       --p95-ms / --p99-ms / --max-error-ratio   SLO per API endpoint (300 / 600 / 0.005)
 #       --ttft-p95-ms MS    time to first token SLO (p95, default 1000)
 #       --dry-run           print the locust command and exit
+#       --shared-token      every user calls with $SPECOPS_TOKEN (one token: the throttles apply to all)
 #   USER_CLASS              GenerationUser and/or BurstReader (default: both)
+#   SPECOPS_LOAD_TOKENS_FILE=<file>   use these tokens (one a line, shared out in turn) instead
 #
 # GenerationUser needs a running worker for the model's queue, else every generation times out.
 # It opens at most SPECOPS_LOAD_MAX_STREAMS streams at once (default 2: under gunicorn's gthread
@@ -24,12 +31,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; }
 die() { echo "loadtest: $*" >&2; exit 2; }
 
 HOST=${SPECOPS_LOAD_HOST:-http://127.0.0.1:8000}
 USERS=20 RATE=5 RUN_TIME=60s MAX_REQUESTS=20000 OUT="" DRY_RUN=0
-P95_MS=300 P99_MS=600 MAX_ERROR_RATIO=0.005 TTFT_P95_MS=1000
+P95_MS=300 P99_MS=600 MAX_ERROR_RATIO=0.005 TTFT_P95_MS=1000 SHARED_TOKEN=0
 CLASSES=()
 LOCUST=${LOCUST:-.venv/bin/locust}
 PY=${PYTHON:-.venv/bin/python}
@@ -48,6 +55,7 @@ while [[ $# -gt 0 ]]; do
     --max-error-ratio) need_value "$@"; MAX_ERROR_RATIO=$2; shift 2 ;;
     --ttft-p95-ms) need_value "$@"; TTFT_P95_MS=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
+    --shared-token) SHARED_TOKEN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     GenerationUser|BurstReader) CLASSES+=("$1"); shift ;;
     -*) die "unknown option $1 (see --help)" ;;
@@ -94,9 +102,25 @@ if ((DRY_RUN)); then
   exit 0
 fi
 
-[[ -n ${SPECOPS_TOKEN:-} ]] || die "SPECOPS_TOKEN is not set (create one: .venv/bin/python manage.py drf_create_token api)"
+if ((SHARED_TOKEN)); then
+  [[ -n ${SPECOPS_TOKEN:-} ]] || die "SPECOPS_TOKEN is not set (create one: .venv/bin/python manage.py drf_create_token api)"
+elif [[ -n ${SPECOPS_LOAD_TOKENS_FILE:-} ]]; then
+  [[ -s $SPECOPS_LOAD_TOKENS_FILE ]] || die "SPECOPS_LOAD_TOKENS_FILE: $SPECOPS_LOAD_TOKENS_FILE is missing or empty"
+elif [[ ! $host_name =~ ^(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::1\])$ ]]; then
+  die "a remote host's tenants are not this checkout's: give SPECOPS_LOAD_TOKENS_FILE or --shared-token"
+fi
 [[ -x $LOCUST ]] || die "$LOCUST not found (pip install -r requirements.txt into .venv)"
 mkdir -p "$OUT"
+
+# One tenant and token per user, removed (users and tokens) however the run ends.
+if ((!SHARED_TOKEN)) && [[ -z ${SPECOPS_LOAD_TOKENS_FILE:-} ]]; then
+  RUN_ID=$(basename "$OUT" | tr -c 'A-Za-z0-9_.\n-' '-')
+  export SPECOPS_LOAD_TOKENS_FILE=$OUT/tokens
+  remove_tenants() { "$PY" manage.py loadtest_tenants remove --run "$RUN_ID" || true; rm -f "$SPECOPS_LOAD_TOKENS_FILE"; }
+  trap remove_tenants EXIT
+  "$PY" manage.py loadtest_tenants create --run "$RUN_ID" --count "$USERS" --out "$SPECOPS_LOAD_TOKENS_FILE" ||
+    die "could not create the load test's tenants (manage.py loadtest_tenants; is this the checkout of the target?)"
+fi
 echo "loadtest: $USERS users (+$RATE/s) for $RUN_TIME or $MAX_REQUESTS requests against $HOST; output in $OUT"
 
 # timeout: the run stops by itself even if locust hangs (its own --run-time + stop timeout + slack).
@@ -109,5 +133,5 @@ if ((rc != 0)); then
   tail -n 20 "$OUT/locust.log" >&2
   die "locust exited with status $rc (log: $OUT/locust.log)"
 fi
-exec "$PY" deploy/loadtest/slo_check.py "$OUT/locust_stats.csv" \
+"$PY" deploy/loadtest/slo_check.py "$OUT/locust_stats.csv" \
   --p95-ms "$P95_MS" --p99-ms "$P99_MS" --max-error-ratio "$MAX_ERROR_RATIO" --ttft-p95-ms "$TTFT_P95_MS"

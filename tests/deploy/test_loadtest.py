@@ -52,7 +52,9 @@ def test_run_sh_builds_a_bounded_headless_command():
     (["--ttft-p95-ms", "0"], {}, "--ttft-p95-ms must be a number greater than 0"),
     (["--frobnicate"], {}, "unknown option --frobnicate"),
     (["Spammer"], {}, "unknown user class Spammer"),
-    ([], {"SPECOPS_TOKEN": ""}, "SPECOPS_TOKEN is not set"),
+    (["--shared-token"], {"SPECOPS_TOKEN": ""}, "SPECOPS_TOKEN is not set"),
+    ([], {"SPECOPS_LOAD_TOKENS_FILE": "/nonexistent/tokens"}, "SPECOPS_LOAD_TOKENS_FILE: /nonexistent/tokens is missing"),
+    (["-H", "http://10.1.2.3:8000"], {"SPECOPS_LOAD_ALLOW_REMOTE": "1"}, "a remote host's tenants are not this checkout's"),
 ])
 def test_run_sh_refuses_bad_arguments_with_one_line(args, env, message):
     result = run_sh(*args, env=env)
@@ -260,21 +262,27 @@ def test_slo_check_without_a_stats_file(tmp_path):
 @pytest.mark.django_db(transaction=True, databases="__all__")
 def test_load_test_runs_end_to_end_against_a_live_server(live_server, api_user, tiny_model, tmp_path):
     """A short real run: create, first token on the stream, poll, page tokens by cursor, bursts of reads;
-    no request may fail."""
-    from rest_framework.authtoken.models import Token
+    no request may fail. The run makes its own tenants and tokens (one per user, in this test's
+    database) and removes its users and tokens at the end."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
 
     from specops.celery import app
-    from tests.worker_process import start_worker, stop_worker
+    from tests.worker_process import database_url, start_worker, stop_worker
 
     app.control.purge()
     worker = start_worker("cpu", "loadtest-cpu", tmp_path / "worker.log")
     try:
         result = run_sh("-H", live_server.url, "-u", "4", "-r", "4", "-t", "10s", "-n", "3000",
                         "-o", str(tmp_path / "run"),
-                        env={"SPECOPS_TOKEN": Token.objects.create(user=api_user).key,
+                        env={"SPECOPS_TOKEN": "", "DATABASE_URL": database_url(connection.settings_dict),
                              "SPECOPS_LOAD_MAX_NEW_TOKENS": "12", "SPECOPS_LOAD_TOKEN_PAGE_SIZE": "5"})
     finally:
         stop_worker(worker)
+    assert "4 tenants (loadtest-1..loadtest-4)" in result.stdout, result.stdout + result.stderr
+    assert "removed 4 users and their tokens" in result.stdout, result.stdout + result.stderr
+    assert not get_user_model().objects.filter(username__startswith="loadtest-").exists()
+    assert not (tmp_path / "run" / "tokens").exists()
     log = (tmp_path / "run" / "locust.log").read_text() if (tmp_path / "run" / "locust.log").exists() else ""
     assert result.returncode in (0, 1), result.stdout + result.stderr + log  # judged (latency varies in CI)
     with (tmp_path / "run" / "locust_stats.csv").open() as handle:
