@@ -283,3 +283,28 @@ def test_both_apis_answer_503_with_retry_after_while_the_demo_model_builds(db, a
     assert api_client.post("/api/v1/generations/", {"prompt": "def f():", "model": "demo"},
                            format="json").status_code != 503
     progress.finished(DONE, "promoted")
+
+
+def test_a_full_builds_progress_counts_its_dspark_phases(db, redis_client):
+    """The DSpark drafter's phases (after the pair) are part of the build's percent and ETA: the
+    admin showed 0 % through the last ten minutes of a full build before."""
+    from inference.demo.progress import DSPARK_PHASES, PAIR_PHASES, build_phases
+
+    assert build_phases(DemoBuildConfig(seed=0)) == PAIR_PHASES + DSPARK_PHASES
+    assert build_phases(DemoBuildConfig.quick(0)) == PAIR_PHASES
+    clock = iter(time.time() + t for t in range(1000)).__next__
+    progress = BuildProgress(DEMO_NAME, "seed0", stream=None, write_every_s=0, clock=clock,
+                             phases=PAIR_PHASES + DSPARK_PHASES)
+    progress.started()
+    progress.phase_started("distil_draft", 300)
+    progress.step_done(300)
+    pair_done = progress.record["percent"]
+    assert 35 < pair_done < 50  # the pair is under half of a full build
+    progress.phase_started("train_dspark", 700)
+    for step in range(1, 351):
+        progress.step_done(step)
+    record = progress.record
+    assert record["phase_index"] == 6 and record["phases"][-1] == "train_dspark"
+    assert pair_done < record["percent"] < 100
+    assert record["eta_s"] == record["phase_eta_s"] > 0  # the last phase: nothing after it
+    assert "(phase 7/7)" in demo_build_progress()["line"]

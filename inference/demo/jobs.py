@@ -22,7 +22,7 @@ from django.db.migrations.executor import MigrationExecutor
 from inference.build_records import DONE, FAILED, INTERRUPTED
 from inference.conf import conf
 from inference.demo.builder import DemoBuildConfig, DemoModels, build_demo_models, build_dspark_phase
-from inference.demo.progress import BuildProgress
+from inference.demo.progress import BuildProgress, build_phases
 from inference.models import ModelVersion
 from inference.demo.dspark_phase import dspark_directory_for
 from inference.registry import DEMO_NAME, attach_dspark, full_version, quick_version, register_demo_pair
@@ -88,7 +88,7 @@ def run_job(job: DemoJob, *, device: str = "cpu", register: bool = True, threads
     The progress record ends as done, failed or interrupted (Ctrl-C, SIGTERM as
     KeyboardInterrupt): whoever reads it never sees a dead build as running.
     """
-    progress = progress or BuildProgress(DEMO_NAME, job.version, stream=stream)
+    progress = progress or BuildProgress(DEMO_NAME, job.version, stream=stream, phases=build_phases(job.config))
     progress.started()
     try:
         # The pair first, registered (and promoted) as soon as it is trained; its DSpark drafter

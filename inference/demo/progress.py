@@ -31,11 +31,29 @@ from inference.build_records import (
 
 logger = logging.getLogger(__name__)
 
-#: Share of the build's time each phase took on the default config (used only for the overall
-#: ETA: the phases after the current one are estimated from the current one's measured rate).
-PHASE_SHARES = {"tokenizer_and_data": 0.02, "train_target": 0.69, "target_greedy_text": 0.045,
-                "distil_draft": 0.21, "save_and_evaluate": 0.035}
-PHASE_ORDER = tuple(PHASE_SHARES)
+#: Seconds each phase took on the default config (used only for the overall percent and ETA: the
+#: phases after the current one are estimated from the current one's measured rate). The pair's
+#: phases, then its DSpark drafter's (the full build's last phase: 708 s for 714 steps).
+PHASE_SECONDS = {"tokenizer_and_data": 12, "train_target": 414, "target_greedy_text": 27,
+                 "distil_draft": 126, "save_and_evaluate": 21, "dspark_text": 60, "train_dspark": 708}
+PAIR_PHASES = ("tokenizer_and_data", "train_target", "target_greedy_text", "distil_draft", "save_and_evaluate")
+DSPARK_PHASES = ("dspark_text", "train_dspark")
+PHASE_ORDER = PAIR_PHASES  # a build without a DSpark drafter (the quick pair)
+
+
+def phase_shares(phases: tuple[str, ...]) -> dict[str, float]:
+    """Each phase's share of a build that runs ``phases``."""
+    total = sum(PHASE_SECONDS[phase] for phase in phases)
+    return {phase: PHASE_SECONDS[phase] / total for phase in phases}
+
+
+PHASE_SHARES = phase_shares(PAIR_PHASES)
+
+
+def build_phases(config) -> tuple[str, ...]:
+    """The phases a build of ``config`` (a DemoBuildConfig) runs: the pair's, then its DSpark
+    drafter's when it trains one."""
+    return PAIR_PHASES + DSPARK_PHASES if getattr(config, "dspark", None) is not None else PAIR_PHASES
 #: Phases that report every step (the others report batches), so a first report past step 1
 #: means the phase resumed from a checkpoint.
 STEPWISE_PHASES = ("train_target", "distil_draft")
@@ -69,9 +87,12 @@ class BuildProgress:
     def __init__(self, name: str, version: str, *, stream: TextIO | None = sys.stdout,
                  print_every_s: float = 15.0, write_every_s: float = 2.0,
                  phase_limits_s: dict[str, float] | None = None,
-                 client: redis.Redis | None = None, clock: Callable[[], float] = time.time) -> None:
-        """`phase_limits_s`: phases with a time budget (the quick pair's target), for the ETA."""
+                 client: redis.Redis | None = None, clock: Callable[[], float] = time.time,
+                 phases: tuple[str, ...] = PAIR_PHASES) -> None:
+        """`phase_limits_s`: phases with a time budget (the quick pair's target), for the ETA;
+        `phases`: those the build runs (PAIR_PHASES + DSPARK_PHASES for a full build)."""
         self.name, self.version = name, version
+        self.phases, self.shares = tuple(phases), phase_shares(tuple(phases))
         self.phase_limits_s = phase_limits_s or {}
         self.stream, self.print_every_s, self.write_every_s = stream, print_every_s, write_every_s
         self._client, self.clock = client, clock
@@ -81,7 +102,7 @@ class BuildProgress:
         now = clock()
         self.record: dict[str, Any] = {
             "name": name, "version": version, "state": BUILDING, "phase": "", "phase_index": -1,
-            "phases": list(PHASE_ORDER), "step": 0, "total": 0, "percent": 0.0, "eta_s": None,
+            "phases": list(self.phases), "step": 0, "total": 0, "percent": 0.0, "eta_s": None,
             "phase_eta_s": None, "started_at": now, "updated_at": now, "elapsed_s": 0.0,
             "resumed": [], "message": "", "pid": os.getpid(), "host": socket.gethostname(),
         }
@@ -90,7 +111,7 @@ class BuildProgress:
     def phase_started(self, phase: str, total: int) -> None:
         self._phase_clock = self.clock()
         self._first_step = None
-        index = PHASE_ORDER.index(phase) if phase in PHASE_ORDER else -1
+        index = self.phases.index(phase) if phase in self.phases else -1
         self.record.update(phase=phase, phase_index=index, step=0, total=total, phase_eta_s=None)
         self._update(force=True)
 
@@ -131,18 +152,18 @@ class BuildProgress:
         limit = self.phase_limits_s.get(record["phase"])
         if limit is not None:
             phase_left, phase_full = min(phase_left, max(0.0, limit - elapsed)), min(phase_full, limit)
-        share = PHASE_SHARES.get(record["phase"])
-        later = sum(PHASE_SHARES[p] for p in PHASE_ORDER[record["phase_index"] + 1:]) if share else 0.0
+        share = self.shares.get(record["phase"])
+        later = sum(self.shares[p] for p in self.phases[record["phase_index"] + 1:]) if share else 0.0
         record["phase_eta_s"] = round(phase_left, 1)
         record["eta_s"] = round(phase_left + (phase_full * later / share if share else 0.0), 1)
 
     def _overall_fraction(self) -> float:
         record = self.record
-        if record["phase"] not in PHASE_SHARES:
+        if record["phase"] not in self.shares:
             return 0.0
-        before = sum(PHASE_SHARES[p] for p in PHASE_ORDER[: record["phase_index"]])
+        before = sum(self.shares[p] for p in self.phases[: record["phase_index"]])
         within = record["step"] / record["total"] if record["total"] else 0.0
-        return min(1.0, before + PHASE_SHARES[record["phase"]] * within)
+        return min(1.0, before + self.shares[record["phase"]] * within)
 
     def _update(self, force: bool = False) -> None:
         now = self.clock()

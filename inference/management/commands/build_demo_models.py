@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError
 from inference.demo.corpus import CorpusError
 from inference.demo.builder import DemoBuildError
 from inference.demo.jobs import DemoJob, MigrationsPending, lower_priority, run_job
-from inference.demo.progress import BuildProgress
+from inference.demo.progress import BuildProgress, build_phases
 from inference.registry import DEMO_NAME, QUICK_PREFIX, RegistrationError
 
 
@@ -78,7 +78,7 @@ class Command(BaseCommand):
              wait_for_migrations: float) -> None:
         limits = {} if job.config.target_budget_s is None else {"train_target": job.config.target_budget_s}
         progress = BuildProgress(DEMO_NAME, job.version, stream=self.stdout, print_every_s=progress_every,
-                                 phase_limits_s=limits)
+                                 phase_limits_s=limits, phases=build_phases(job.config))
         try:
             result = run_job(job, device=device, register=register, threads=threads, progress=progress,
                              migrations_timeout_s=wait_for_migrations, stream=self.stdout)
