@@ -62,3 +62,19 @@ def test_rabbitmq_honours_the_same_priorities_on_a_queue_with_x_max_priority(set
             assert take_all(connection, queue.name) == ["noisy-0", "quiet", "noisy-1", "noisy-2", "noisy-3"]
         finally:
             bound.delete()
+
+
+def test_the_broker_is_configured_for_the_priorities(settings):
+    """Redis: ten priority lists per queue; RabbitMQ: x-max-priority on the queues only when asked
+    (a queue declared without it cannot be redeclared with it)."""
+    from celery import Celery
+
+    from specops.celery import PRIORITY_STEPS, app, set_visibility_timeout
+
+    assert app.conf.broker_transport_options["priority_steps"] == PRIORITY_STEPS == list(range(PRIORITY_LEVELS))
+    assert app.conf.task_queue_max_priority is None  # SPECOPS_AMQP_QUEUE_MAX_PRIORITY=0, the default
+    settings.SPECOPS_AMQP_QUEUE_MAX_PRIORITY = PRIORITY_LEVELS - 1
+    fresh = Celery("fair-admission-test", set_as_current=False)
+    set_visibility_timeout(fresh)
+    assert fresh.conf.task_queue_max_priority == PRIORITY_LEVELS - 1
+    assert fresh.amqp.queues.select_add("gpu.7").queue_arguments == {"x-max-priority": PRIORITY_LEVELS - 1}
