@@ -136,8 +136,9 @@ def start_generation(request: ValidatedRequest, tenant, user) -> Generation:
 
 
 def live_generations(tenant: Tenant) -> int:
-    """The tenant's sessions queued or running: a count over the partial index of live sessions
-    (``session_live_partial``, one small index per partition), never over finished sessions."""
+    """The tenant's sessions queued or running: a count over the partial index of live sessions by
+    tenant (``session_tenant_live``, migration metadata/0015, one small index per partition), never
+    over the tenant's finished sessions."""
     return Session.objects.filter(tenant=tenant, status__in=LIVE_STATUSES).count()
 
 
