@@ -31,3 +31,39 @@ def generate_and_wait(client, body: dict, timeout: float = 120.0) -> dict:
         return session if session["status"] in ("succeeded", "failed", "cancelled") else None
 
     return wait_for(finished, timeout=timeout, what="the generation to finish")
+
+
+def broker_lists(queue: str = "cpu") -> list[bytes]:
+    """The Redis broker's lists of ``queue``: Celery keeps one per priority level (``cpu``,
+    ``cpu\x06\x163``, ...), so a message of any priority is in one of them."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    try:
+        return [key for key in client.scan_iter(f"{queue}*") if client.type(key) == b"list"]
+    finally:
+        client.close()
+
+
+def queued_messages(queue: str = "cpu") -> int:
+    """Messages waiting on the real broker's ``queue``, every priority level's list included."""
+    import redis
+    from django.conf import settings
+
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    try:
+        return sum(client.llen(key) for key in broker_lists(queue))
+    finally:
+        client.close()
+
+
+def empty_queue(queue: str = "cpu") -> None:
+    """Delete every priority level's list of ``queue`` on the real broker."""
+    import redis
+    from django.conf import settings
+
+    keys = broker_lists(queue)
+    if keys:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(*keys)
+

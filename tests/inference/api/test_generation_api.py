@@ -4,23 +4,20 @@ from __future__ import annotations
 import uuid
 
 import pytest
-import redis
-from django.conf import settings
 from rest_framework.test import APIClient
 
 from inference.engine.drafters import DRAFTERS, PARAMETER_NAMES
 from metadata.models import Session, Tenant
+from tests.helpers import empty_queue, queued_messages
 
 URL = "/api/v1/generations/"
 
 
-def queued_messages(queue: str = "cpu") -> int:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(queue)
 
 
 @pytest.fixture(autouse=True)
 def empty_cpu_queue():
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("cpu")
+    empty_queue("cpu")
 
 
 @pytest.mark.django_db

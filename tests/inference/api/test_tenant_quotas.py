@@ -4,7 +4,6 @@ enqueued. The default comes from settings, a tenant's own limit (set in the admi
 from __future__ import annotations
 
 import pytest
-import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -13,6 +12,7 @@ from rest_framework.test import APIClient
 
 from inference.generations import live_generations
 from metadata.models import Session, SessionStatus, Tenant, TenantMembership
+from tests.helpers import queued_messages
 
 REST = "/api/v1/generations/"
 OPENAI = "/v1/completions"
@@ -28,13 +28,6 @@ def openai(client: APIClient, model: str):
                        format="json")
 
 
-def queued_messages(queue: str = "cpu") -> int:
-    """Messages waiting on the real broker's queue, every priority level's list included."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    try:
-        return sum(client.llen(key) for key in client.scan_iter(f"{queue}*") if client.type(key) == b"list")
-    finally:
-        client.close()
 
 
 def client_of(name: str) -> APIClient:

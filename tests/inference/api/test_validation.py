@@ -13,9 +13,7 @@ import json
 import math
 
 import pytest
-import redis
 import torch
-from django.conf import settings
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
@@ -25,20 +23,19 @@ from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.models.loading import load_causal_lm
 from inference.engine.decode.sampling import SamplingParams, warp_probs
 from metadata.models import Session, TokenRecord
+from tests.helpers import empty_queue, queued_messages
 
 URL = "/api/v1/generations/"
 DRAFTERS = tuple(ENGINE_DRAFTERS)  # every drafter the API accepts, the suffix drafter included
 
 
-def queued_messages(queue: str = "cpu") -> int:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL).llen(queue)
 
 
 @pytest.fixture(autouse=True)
 def empty_cpu_queue():
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("cpu")
+    empty_queue("cpu")
     yield
-    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("cpu")
+    empty_queue("cpu")
 
 
 def assert_nothing_written() -> None:
