@@ -16,6 +16,11 @@ def gpu_queue(index: int) -> str:
     return f"gpu.{index}"
 
 
+def is_device_queue(name: str) -> bool:
+    """Whether ``name`` is a device's queue (its worker runs models): ``cpu`` or ``gpu.N``."""
+    return name == CPU_QUEUE or name.startswith("gpu.")
+
+
 def visible_gpu_count() -> int:
     """Count CUDA devices without importing torch in processes that never run a model."""
     visible = cuda_visible_devices()

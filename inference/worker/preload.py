@@ -12,6 +12,7 @@ import logging
 
 from celery.signals import worker_process_init, worker_ready
 
+from core.queues import is_device_queue
 from inference.worker.residency import residency, worker_device
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,15 @@ def _runs_tasks_in_this_process(sender) -> bool:
     return "prefork" not in getattr(pool, "__module__", "")
 
 
+def serves_a_device(app=None) -> bool:
+    """Whether this worker consumes a device queue (``-Q cpu``, ``-Q gpu.N``, or every queue): the
+    maintenance worker runs no model, so it loads none and starts no engine core."""
+    if app is None:
+        from celery import current_app as app
+    consumed = app.amqp.queues.consume_from
+    return not consumed or any(is_device_queue(name) for name in consumed)
+
+
 @worker_ready.connect
 def preload_models_in_the_worker(sender=None, **kwargs) -> None:
     if _runs_tasks_in_this_process(sender):
@@ -33,6 +43,8 @@ def preload_models_in_the_worker(sender=None, **kwargs) -> None:
 @worker_process_init.connect
 def preload_models(**kwargs) -> None:
     """Load the active versions of this worker's device before the first task arrives."""
+    if not serves_a_device():
+        return
     from inference.models import ModelVersion, VersionStatus
     from inference.worker import suffix_feed
     from inference.worker.batching_loop import device_loop
