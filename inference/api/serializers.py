@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -8,6 +9,7 @@ from rest_framework import serializers
 
 from inference.api.tokenizers import count_tokens
 from inference.engine.config import GenerationConfig
+from inference.engine.constraints import ConstraintError, constraint_from_response_format
 from inference.engine.drafters import (
     DRAFTER_PARAMETERS,
     DRAFTERS,
@@ -125,6 +127,11 @@ class GenerationRequestSerializer(serializers.Serializer):
     stop = serializers.ListField(
         child=StrictCharField(min_length=1, max_length=MAX_STOP_CHARS, trim_whitespace=False),
         max_length=MAX_STOP_SEQUENCES, default=list)
+    response_format = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='OpenAI\'s object: {"type": "text"} (default), {"type": "json_object"}, or '
+                  '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}; the output is '
+                  "then JSON that follows it (docs/structured-output.md).")
 
     def to_internal_value(self, data: Any) -> dict:
         """Refuse fields this endpoint does not take, by name: a misspelt or foreign field (OpenAI's
@@ -141,6 +148,14 @@ class GenerationRequestSerializer(serializers.Serializer):
         fields = super().get_fields()
         fields.update({parameter.name: _parameter_field(parameter) for parameter in DRAFTER_PARAMETERS})
         return fields
+
+    def validate_response_format(self, value: Any) -> dict | None:
+        """A format the engine cannot compile is refused here, before anything is enqueued."""
+        try:
+            constraint = constraint_from_response_format(value)
+        except ConstraintError as error:
+            raise serializers.ValidationError(str(error)) from None
+        return value if constraint is not None else None
 
     def validate_temperature(self, value: float) -> float:
         if 0.0 < value < MIN_TEMPERATURE:
@@ -196,6 +211,10 @@ class GenerationRequestSerializer(serializers.Serializer):
         """What the session row stores: sampling settings plus every parameter of its drafter."""
         keys = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
         params = {key: self.validated_data[key] for key in keys if key in self.validated_data}
+        if self.validated_data.get("response_format") is not None:  # text is no constraint: not stored
+            # as JSON text: a jsonb column reorders an object's keys, and a schema's properties are
+            # generated in the order it lists them
+            params["response_format"] = json.dumps(self.validated_data["response_format"])
         return {**params, **self.validated_data["drafter_params"]}
 
 

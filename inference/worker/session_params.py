@@ -2,7 +2,10 @@
 (canary.py) both build from the same row."""
 from __future__ import annotations
 
+import json
+
 from inference.engine import DRAFTERS, DraftConfig, GenerationConfig
+from inference.engine.constraints import OutputConstraint, constraint_from_response_format
 
 
 def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfig:
@@ -10,7 +13,14 @@ def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfi
     takes ``GenerationConfig``'s own default (the one home of request defaults)."""
     given = {name: params[name] for name in ("temperature", "top_k", "top_p", "seed") if name in params}
     return GenerationConfig(max_new_tokens=params["max_new_tokens"], stop_strings=tuple(params.get("stop", ())),
-                            eos_token_id=eos_token_id, **given)
+                            eos_token_id=eos_token_id, constraint=output_constraint(params), **given)
+
+
+def output_constraint(params: dict) -> OutputConstraint | None:
+    """The session's structured-output constraint: its response_format, stored as JSON text
+    (a jsonb object would lose the order of the schema's properties)."""
+    stored = params.get("response_format")
+    return constraint_from_response_format(json.loads(stored) if isinstance(stored, str) else stored)
 
 
 def draft_config(drafter: str, params: dict) -> DraftConfig:

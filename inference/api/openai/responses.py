@@ -56,6 +56,22 @@ def reply(header: ReplyHeader, text: str, finish_reason: str, prompt_tokens: int
     return {**body, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
 
 
+def tool_call_reply(header: ReplyHeader, call: dict, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The whole answer of a chat request whose reply is a tool call."""
+    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}
+    return {**header.base("chat.completion"),
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def tool_call_chunk(header: ReplyHeader, call: dict, include_usage: bool = False) -> dict:
+    """A stream chunk of the tool call (index 0): a whole call, its start, or more of its arguments
+    (``{"function": {"arguments": ...}}``)."""
+    body = chunk(header, None, include_usage=include_usage)
+    body["choices"][0]["delta"]["tool_calls"] = [{"index": 0, **call}]
+    return body
+
+
 def chunk(header: ReplyHeader, text: str | None, finish_reason: str | None = None, *, role: bool = False,
           include_usage: bool = False) -> dict:
     """One stream chunk: a text delta, or (``finish_reason`` set) the choice's last chunk."""

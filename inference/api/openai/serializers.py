@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference.api.openai.errors import OpenAIError, bad_param, unsupported
+from inference.api.openai.tools import ToolCalling, parse_tools
 from inference.engine.config import GenerationConfig
+from inference.engine.constraints import ConstraintError, constraint_from_response_format
 from inference.limits import (
     MAX_STOP_SEQUENCES,
     MIN_TEMPERATURE,
@@ -48,10 +50,6 @@ def _one(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value == 1)
 
 
-def _text_format(value: Any) -> bool:
-    return value is None or value == {"type": "text"}
-
-
 def _text_modality(value: Any) -> bool:
     return value is None or value == ["text"]
 
@@ -79,12 +77,8 @@ UNSUPPORTED_CHAT = {
     **UNSUPPORTED_COMMON,
     "logprobs": (_empty, "no log probabilities"),
     "top_logprobs": (_is_absent, "no log probabilities"),
-    "tools": (_empty, "no tool calls"),
-    "tool_choice": (_no_tool_choice, "no tool calls"),
-    "parallel_tool_calls": (_empty, "no tool calls"),
     "functions": (_empty, "no function calls"),
     "function_call": (_no_tool_choice, "no function calls"),
-    "response_format": (_text_format, "plain text responses only"),
     "modalities": (_text_modality, "text only"),
     "audio": (_is_absent, "text only"),
     "prediction": (_is_absent, "no predicted outputs"),
@@ -94,7 +88,7 @@ UNSUPPORTED_CHAT = {
 # Accepted and ignored: bookkeeping fields that do not change the generation.
 IGNORED = ("user", "metadata", "store", "service_tier")
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
-                 "drafter", "top_k")
+                 "drafter", "top_k", "response_format")
 
 
 @dataclass(frozen=True)
@@ -115,13 +109,17 @@ class OpenAIRequest:
     drafter: str | None = None
     stream: bool = False
     include_usage: bool = False
+    # a JSON object or a JSON schema the reply must follow (None: text), as the client sent it
+    response_format: dict[str, Any] | None = None
+    tools: ToolCalling | None = None  # chat: the function the reply calls (tools.py)
 
     def generation_data(self, prompt: str) -> dict[str, Any]:
         """The body of a ``POST /api/v1/generations/`` for this request, with ``prompt`` rendered."""
         data: dict[str, Any] = {"prompt": prompt, "model": self.model, "temperature": self.temperature,
                                 "top_p": self.top_p, "stop": self.stop}
         optional = {"max_new_tokens": self.max_tokens, "seed": self.seed, "top_k": self.top_k,
-                    "drafter": self.drafter}
+                    "drafter": self.drafter,
+                    "response_format": self.tools.response_format() if self.tools else self.response_format}
         data.update({key: value for key, value in optional.items() if value is not None})
         return data
 
@@ -138,7 +136,8 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     """Validate the body of ``POST /v1/completions`` (kind COMPLETION) or ``/v1/chat/completions``."""
     if not isinstance(body, dict):
         raise bad_param(None, "request body: expected a JSON object.", code="invalid_body")
-    specific = ("prompt",) if kind == COMPLETION else ("messages", "max_completion_tokens")
+    specific = ("prompt",) if kind == COMPLETION else ("messages", "max_completion_tokens", "tools", "tool_choice",
+                                                       "parallel_tool_calls")
     unsupported_fields = UNSUPPORTED_COMPLETION if kind == COMPLETION else UNSUPPORTED_CHAT
     unknown = [name for name in body if name not in unsupported_fields and name not in COMMON_FIELDS
                and name not in specific and name not in IGNORED]
@@ -167,10 +166,25 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
         "temperature": _temperature(body), "top_p": _top_p(body),
         "seed": _optional(body, "seed", int), "stop": _stop(body.get("stop")), "top_k": _optional(body, "top_k", int),
         "drafter": _optional(body, "drafter", str), "stream": stream, "include_usage": include_usage,
+        "response_format": _response_format(body.get("response_format")),
     }
     if kind == COMPLETION:
         return OpenAIRequest(prompt=_prompt(body.get("prompt")), **common)
-    return OpenAIRequest(messages=_messages(body.get("messages")), **common)
+    tools = parse_tools(body)
+    if tools is not None and common["response_format"] is not None:
+        raise bad_param("response_format", "'response_format' cannot be combined with a tool call; set "
+                        "'tool_choice' to 'none' for a structured reply.")
+    return OpenAIRequest(messages=_messages(body.get("messages")), tools=tools, **common)
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """The response format to pass on (None for text); a schema the engine cannot compile is a 400."""
+    try:
+        constraint = constraint_from_response_format(value)
+    except ConstraintError as error:
+        param = str(error).split(":", 1)[0]
+        raise bad_param(param, f"Invalid '{param}': {str(error).split(': ', 1)[1]}") from None
+    return value if constraint is not None else None
 
 
 def _optional(body: dict, name: str, kind: type) -> Any:

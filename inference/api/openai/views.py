@@ -32,6 +32,8 @@ from inference.api.openai.responses import (
     chunk,
     openai_finish_reason,
     reply,
+    tool_call_chunk,
+    tool_call_reply,
     usage_chunk,
 )
 from inference.api.openai.serializers import (
@@ -273,8 +275,18 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
     failure = _failure(progress.done, submission.session_id, submission.staff)
     if failure is not None:
         raise failure
-    return reply(header, progress.text.full(final=True), progress.finish_reason(), submission.prompt_tokens,
-                 progress.completion_tokens)
+    text = progress.text.full(final=True)
+    call = request.tools.call(text, submission.session_id) if request.tools else None
+    if call is not None:
+        return tool_call_reply(header, call, submission.prompt_tokens, progress.completion_tokens)
+    return reply(header, text, progress.finish_reason(), submission.prompt_tokens, progress.completion_tokens)
+
+
+def _piece(header: ReplyHeader, piece: str, tool_arguments: bool, with_usage: bool) -> dict:
+    """A stream chunk of text: the reply's content, or more of a named function's arguments."""
+    if tool_arguments:
+        return tool_call_chunk(header, {"function": {"arguments": piece}}, with_usage)
+    return chunk(header, piece, include_usage=with_usage)
 
 
 def _data(body: dict) -> str:
@@ -292,6 +304,9 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     with_usage = request.include_usage
     if header.kind == CHAT:
         yield _data(chunk(header, "", role=True, include_usage=with_usage))
+    named = request.tools is not None and request.tools.choice is not None
+    if named:  # its arguments stream as they come (tools.py)
+        yield _data(tool_call_chunk(header, request.tools.call_start(submission.session_id), with_usage))
     error = None
     if progress.done is None:
         try:
@@ -307,9 +322,9 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
                     else:
                         received = time.perf_counter()
                         progress.on(item)
-                        piece = progress.text.delta()
+                        piece = progress.text.delta() if request.tools is None or named else ""
                         if piece:
-                            yield _data(chunk(header, piece, include_usage=with_usage))
+                            yield _data(_piece(header, piece, named, with_usage))
                         if item.event == "tokens":  # resumed once the server has sent the chunk
                             observe("streaming", time.perf_counter() - received)
         except RedisError:
@@ -322,10 +337,15 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
         yield _data(error.body())
         yield DONE
         return
-    piece = progress.text.delta(final=True)
-    if piece:
-        yield _data(chunk(header, piece, include_usage=with_usage))
-    yield _data(chunk(header, None, progress.finish_reason(), include_usage=with_usage))
+    call = request.tools.call(progress.text.full(final=True), submission.session_id) if request.tools else None
+    if named or call is None:
+        piece = progress.text.delta(final=True) if request.tools is None or named else progress.text.full(final=True)
+        if piece:
+            yield _data(_piece(header, piece, named, with_usage))
+    else:  # "required": the call whole, once generated
+        yield _data(tool_call_chunk(header, call, include_usage=with_usage))
+    finish = "tool_calls" if call is not None else progress.finish_reason()
+    yield _data(chunk(header, None, finish, include_usage=with_usage))
     if with_usage:
         yield _data(usage_chunk(header, submission.prompt_tokens, progress.completion_tokens))
     yield DONE

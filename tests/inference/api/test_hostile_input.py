@@ -37,7 +37,8 @@ NUL_RULE = "must not contain NUL characters"
 SURROGATE_RULE = "must be valid UTF-8"
 REST_FIELDS = sorted(GenerationRequestSerializer().get_fields())
 COMPLETION_FIELDS = sorted({*COMMON_FIELDS, "prompt", *IGNORED, *UNSUPPORTED_COMPLETION})
-CHAT_FIELDS = sorted({*COMMON_FIELDS, "messages", "max_completion_tokens", *IGNORED, *UNSUPPORTED_CHAT})
+CHAT_FIELDS = sorted({*COMMON_FIELDS, "messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
+                      *IGNORED, *UNSUPPORTED_CHAT})
 QUERY_VALUES = ["%00", "a%00b", "%ED%A0%80", "%FF", "9" * 40, "-1", "1.5", "true", "null", "%5B%5D", "",
                 quote(base64.urlsafe_b64encode(json.dumps(["\x00", "\ud800"]).encode()).decode())]
 
