@@ -3,8 +3,6 @@
 transaction of its own (its row locks need one: outside a test's transaction it was a 500)."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ from rest_framework.test import APIClient
 from inference.models import ModelVersion, VersionStatus
 from inference.registry import register_version, served_queues
 from tests.helpers import wait_for
+from tests.worker_process import stop_worker
 
 SERVED = "cpu"
 # A bare Celery worker on the tests' broker: it consumes ``cpu`` and answers the control
@@ -53,12 +52,7 @@ def cpu_worker() -> Iterator[None]:
                  what="the bare worker's answer")
         yield
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        stop_worker(process)
 
 
 @pytest.mark.django_db
