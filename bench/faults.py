@@ -9,8 +9,8 @@ beat runs ``inference.reconcile_sessions`` (every 15 s in production, faster her
 takes seconds); leases are ``--lease`` seconds (30 in production) and a queued session gets
 another task after ``--requeue-after`` seconds (60 in production).
 
-First each prompt is generated once without a fault (greedy): its tokens are what every faulted
-session of that prompt must end with. Then each fault ``--runs`` times, each session of a fresh
+Each prompt is first generated once without a fault (greedy; when a fault first needs it): its
+tokens are what every faulted session of that prompt must end with. Then each fault ``--runs`` times, each session of a fresh
 tenant (so the prediction cache cannot answer it):
 
 - ``kill_worker``: once the session has committed some tokens (and a random few milliseconds
@@ -22,22 +22,44 @@ tenant (so the prediction cache cannot answer it):
   before the first commit, during prefill, or between a step's stream event and its flush.
   Under prefork it would be the pool child; the recovery path (lease lapses, reconciler,
   resume) is the same.
-- ``broker_flush``: ``--concurrency`` sessions fill the worker's task threads and one more waits
-  in the broker; once the running ones have committed tokens, FLUSHDB of the Redis database
+- ``broker_flush``: ``--concurrency`` sessions per worker fill the task threads and one more
+  waits in the broker; once the running ones have committed tokens, FLUSHDB of the Redis database
   (the waiting task, the running tasks' unacknowledged entries, the streams so far).
 
+With ``--hosts netns`` the services and the workers are on hosts of their own, network namespaces
+the bench makes and removes (``scripts/netns_hosts.py``): PostgreSQL, Redis (cache and streams)
+and the broker (a second Redis) on a services host, one worker on each of two worker hosts with
+its own copy of the models, and this process (the web host, and beat's reconciler) reaching them
+over the namespaces' subnet. The faults above then hit the worker that runs the session, the
+broker flush flushes the broker, and these cases follow (issue 27):
+
+- ``pause``: once the session has committed some tokens, SIGSTOP of its worker until the other
+  host's worker has taken the session over (its lease lapsed, the reconciler re-queued it) and
+  0-3 s more, then SIGCONT: the woken run must write nothing more (its fence is stale).
+- ``partition``: the session's worker host is cut off the network (its link down) until the
+  other host took the session over and 0-3 s more, then healed.
+- ``restart_postgres``, ``restart_redis``, ``restart_broker`` (``restart_ok`` counts the three):
+  a fast shutdown and a start of that service mid-generation (Redis and the broker keep nothing
+  over a restart).
+
 A session is ok when it succeeded, its token rows are positions 0..n-1 with n == token_count,
-its tokens equal the prompt's unfaulted run, and its stream has exactly one ``done``. A kill
+its tokens equal the prompt's unfaulted run (and its text that run's text), it has no more than
+``--max-tokens`` tokens, and its stream has exactly one ``done``. A kill
 that found the session already finished does not count and is run again. Counted over all:
 ``duplicate_stream_events`` (extra ``done`` events, and ``tokens`` events of a step already in
 the stream: a resumed run re-publishes what the killed one streamed but had not committed),
-``lost_sessions`` (not ended ``--deadline`` seconds after the fault) and ``lost_rows`` (tokens of
-the unfaulted run missing from the session's rows).
+``lost_sessions`` (not ended ``--deadline`` seconds after the fault), ``lost_rows`` (tokens of
+the unfaulted run missing from the session's rows), ``duplicate_tokens`` (rows of a position
+another row has), ``over_max_tokens`` (sessions with more tokens than asked for) and
+``text_mismatch`` (sessions whose text is not the unfaulted run's).
 
     .venv/bin/python bench/faults.py [--runs 5] [--max-tokens 300] [--redis-db 15]
+    .venv/bin/python bench/faults.py --hosts netns [--runs 5] [--cases pause,partition,...]   (root)
 
 Last line: ``RESULT kill_child_ok=<k>/<n> kill_worker_ok=<k>/<n> broker_flush_ok=<k>/<n>
-duplicate_stream_events=<n> lost_sessions=<n> lost_rows=<n>``.
+duplicate_stream_events=<n> lost_sessions=<n> lost_rows=<n> pause_ok=<k>/<n> partition_ok=<k>/<n>
+restart_ok=<k>/<n> duplicate_tokens=<n> over_max_tokens=<n> text_mismatch=<n>`` (a case not run
+is 0/0).
 """
 from __future__ import annotations
 
@@ -46,6 +68,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,19 +90,25 @@ from bench.common import (  # noqa: E402
     register_tiny_pair,
     stop_process_group,
 )
+from scripts import netns_hosts  # noqa: E402
 
 BENCH_DB = "specops_bench_faults"
 LOG_DIR = ROOT / "var" / "bench-faults"
 PROMPTS = ("def parse(text):\n    ", "import os\nimport sys\n", "class Node:\n    def __init__(self",
            "for index in range(", "while queue:\n    item = ")
 TERMINAL = ("succeeded", "failed", "cancelled")
+LOCAL_CASES = ("kill_child", "kill_worker", "broker_flush")
+RESTARTS = ("restart_postgres", "restart_redis", "restart_broker")
+NETNS_CASES = (*LOCAL_CASES, "pause", "partition", *RESTARTS)
 
 
-def bench_environment(args) -> None:
-    """The environment of this process and of the worker it starts."""
+def bench_environment(args, services: netns_hosts.Services | None = None) -> None:
+    """The environment of this process and of the workers it starts (on hosts of their own:
+    the services host's PostgreSQL, Redis and broker)."""
+    redis_url = services.redis.url() if services else f"redis://127.0.0.1:6379/{args.redis_db}"
     os.environ.update({
         "DATABASE_URL": database_url(args.admin_url, BENCH_DB), "DATABASE_REPLICA_URLS": "",
-        "REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
+        "REDIS_URL": redis_url,
         "SPECOPS_MODEL_DIR": str(ROOT / "var" / "bench-models"), "HF_HUB_OFFLINE": "1",
         "DJANGO_SETTINGS_MODULE": "specops.settings", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
         "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(40),
@@ -90,6 +119,8 @@ def bench_environment(args) -> None:
     })
     for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # both are REDIS_URL's database
         os.environ.pop(name, None)
+    if services:
+        os.environ["CELERY_BROKER_URL"] = services.broker.url()
 
 
 def prepare() -> None:
@@ -106,26 +137,45 @@ def prepare() -> None:
     register_tiny_pair()
 
 
+def copy_models(run_dir: Path, role: str) -> Path:
+    """A worker host's own model directory: a copy of the web's (the registry stores paths
+    relative to SPECOPS_MODEL_DIR, so each host resolves them on its own disk)."""
+    target = run_dir / f"models-{role}"
+    shutil.copytree(os.environ["SPECOPS_MODEL_DIR"], target)
+    return target
+
+
 class Worker:
-    """One ``celery worker -Q cpu`` process (threads pool), as production runs it."""
+    """One ``celery worker -Q cpu`` process (threads pool), as production runs it: on this host,
+    or on worker host ``role`` of ``hosts`` with the models of ``model_dir``."""
 
     started = 0
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, hosts: netns_hosts.Hosts | None = None, role: str = "local",
+                 model_dir: Path | None = None, wait_ready: bool = True) -> None:
         Worker.started += 1
-        self.node = f"faults-{Worker.started}@benchhost"
-        self.log = LOG_DIR / f"worker-{Worker.started}.log"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", "cpu", "-n", self.node,
-             "--pool", "threads", "--concurrency", str(concurrency), "--prefetch-multiplier", "1",
-             "--without-gossip", "--without-mingle", "-l", "INFO"],
-            cwd=ROOT, env=os.environ.copy(), stdout=self.log.open("w"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+        self.concurrency, self.hosts, self.role, self.model_dir = concurrency, hosts, role, model_dir
+        self.node = f"faults-{Worker.started}@{role}"
+        self.log = LOG_DIR / f"worker-{Worker.started}-{role}.log"
+        argv = [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", "cpu", "-n", self.node,
+                "--pool", "threads", "--concurrency", str(concurrency), "--prefetch-multiplier", "1",
+                "--without-gossip", "--without-mingle", "-l", "INFO"]
+        if hosts is None:
+            self.process = subprocess.Popen(argv, cwd=ROOT, env=os.environ.copy(), stdout=self.log.open("w"),
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        else:
+            env = {**os.environ, "SPECOPS_MODEL_DIR": str(model_dir)}
+            self.process = hosts.start(role, argv, self.log, env=env, cwd=ROOT)
+        if wait_ready:
+            self.ready()
+
+    def ready(self) -> Worker:
         deadline = time.monotonic() + 120
         while f"{self.node} ready." not in self.log.read_text():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"worker {self.node} did not start; see {self.log}")
             time.sleep(0.2)
+        return self
 
     def kill_group(self) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)
@@ -135,7 +185,19 @@ class Worker:
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.wait()
 
+    def pause(self) -> None:
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+    def again(self) -> Worker:
+        """A new worker where this one ran."""
+        return Worker(self.concurrency, self.hosts, self.role, self.model_dir)
+
     def stop(self) -> None:
+        if self.process.poll() is None:
+            self.resume()  # a paused worker cannot exit
         stop_process_group(self.process)
 
 
@@ -193,7 +255,7 @@ def submit(prompt: str, max_tokens: int) -> str:
 def session_row(session_id: str) -> dict:
     from metadata.models import Session
 
-    return Session.objects.values("status", "token_count", "attempts", "error").get(pk=session_id)
+    return Session.objects.values("status", "token_count", "attempts", "error", "text", "worker").get(pk=session_id)
 
 
 def committed(session_id: str) -> int:
@@ -210,13 +272,30 @@ def token_rows(session_id: str) -> list[tuple[int, int]]:
 
 
 def wait(probe, timeout: float, interval: float = 0.01):
+    """Poll ``probe`` until it is truthy; a probe that fails because a service restarts under it
+    (PostgreSQL, Redis) is asked again."""
+    import redis
+    from django.db import Error as DatabaseError, connection
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        value = probe()
+        try:
+            value = probe()
+        except (DatabaseError, redis.RedisError):
+            connection.close()
+            value = None
         if value:
             return value
         time.sleep(interval)
     return None
+
+
+def read(probe, timeout: float = 60.0):
+    """``probe()``, asked again while a service restarts under it."""
+    result = wait(lambda: [probe()], timeout, interval=0.2)
+    if result is None:
+        raise SystemExit(f"no answer from the services for {timeout:.0f} s")
+    return result[0]
 
 
 def ended(session_id: str, timeout: float) -> bool:
@@ -235,14 +314,19 @@ class Outcome:
     lost_rows: int
     done_events: int
     repeated_steps: int
+    duplicate_tokens: int = 0  # rows of a position another row has
+    over_max: bool = False  # more tokens (rows or token_count) than max_new_tokens
+    text_ok: bool = True  # the session's text is the unfaulted run's
 
     @property
     def ok(self) -> bool:
-        return self.ended and self.status == "succeeded" and self.rows_ok and self.done_events == 1
+        return (self.ended and self.status == "succeeded" and self.rows_ok and self.done_events == 1
+                and not self.duplicate_tokens and not self.over_max and self.text_ok)
 
     def line(self) -> str:
         return (f"status={self.status} attempts={self.attempts} rows_ok={self.rows_ok} lost_rows={self.lost_rows} "
-                f"done_events={self.done_events} repeated_steps={self.repeated_steps}")
+                f"done_events={self.done_events} repeated_steps={self.repeated_steps} "
+                f"duplicate_tokens={self.duplicate_tokens} over_max={self.over_max} text_ok={self.text_ok}")
 
 
 def stream_counts(session_id: str) -> tuple[int, int]:
@@ -261,78 +345,182 @@ def stream_counts(session_id: str) -> tuple[int, int]:
     return done, repeated
 
 
-def outcome(session_id: str, expected: list[int], deadline: float) -> Outcome:
+@dataclass
+class Expected:
+    """The unfaulted run of a prompt: its tokens and its text."""
+
+    tokens: list[int]
+    text: str
+
+
+def outcome(session_id: str, expected: Expected, deadline: float, max_tokens: int, settle: float = 0.0) -> Outcome:
+    """``settle``: seconds to wait after the session ended before reading it (a run woken after a
+    pause or a partition would write then, if anything let it)."""
     has_ended = ended(session_id, deadline)
-    row = session_row(session_id)
-    rows = token_rows(session_id)
-    positions_ok = [position for position, _ in rows] == list(range(len(rows))) and row["token_count"] == len(rows)
+    time.sleep(settle)
+    row = read(lambda: session_row(session_id))
+    rows = read(lambda: token_rows(session_id))
+    positions = [position for position, _ in rows]
+    positions_ok = positions == list(range(len(rows))) and row["token_count"] == len(rows)
     tokens = [token for _, token in rows]
     # The final event goes out just after the final row commits: give it a moment.
     wait(lambda: stream_counts(session_id)[0], 5.0, interval=0.05)
-    done, repeated = stream_counts(session_id)
-    return Outcome(session_id, has_ended, row["status"], row["attempts"], positions_ok and tokens == expected,
-                   max(0, len(expected) - len(rows)), done, repeated)
+    done, repeated = read(lambda: stream_counts(session_id))
+    return Outcome(session_id, has_ended, row["status"], row["attempts"], positions_ok and tokens == expected.tokens,
+                   max(0, len(expected.tokens) - len(rows)), done, repeated,
+                   duplicate_tokens=len(positions) - len(set(positions)),
+                   over_max=max(len(rows), row["token_count"]) > max_tokens, text_ok=row["text"] == expected.text)
 
 
 class FaultBench:
-    def __init__(self, args) -> None:
-        self.args = args
-        self.worker = Worker(args.concurrency)
-        self.expected: dict[str, list[int]] = {}
-        self.outcomes: dict[str, list[Outcome]] = {"kill_child": [], "kill_worker": [], "broker_flush": []}
-        self.missed = {"kill_child": 0, "kill_worker": 0}
+    def __init__(self, args, hosts: netns_hosts.Hosts | None = None,
+                 services: netns_hosts.Services | None = None, run_dir: Path | None = None) -> None:
+        self.args, self.hosts, self.services = args, hosts, services
+        if hosts is None:
+            self.workers = {"local": Worker(args.concurrency)}
+        else:
+            self.workers = {role: Worker(args.concurrency, hosts, role, copy_models(run_dir, role), wait_ready=False)
+                            for role in hosts.WORKERS}  # both start at once
+            for worker in self.workers.values():
+                worker.ready()
+        self._expected: dict[str, Expected] = {}
+        self.outcomes: dict[str, list[Outcome]] = {case: [] for case in NETNS_CASES}
+        self.missed: dict[str, int] = {}
 
-    def baselines(self) -> None:
-        for prompt in PROMPTS:
+    @property
+    def worker(self) -> Worker:  # the local worker
+        return self.workers["local"]
+
+    def worker_of(self, session_id: str) -> Worker | None:
+        """The worker whose host ran the session's latest claim (the claim writes its hostname)."""
+        if self.hosts is None:
+            return self.worker
+        hostname = session_row(session_id)["worker"]
+        return next((w for role, w in self.workers.items() if hostname == f"{role}-{self.hosts.suffix}"), None)
+
+    def expected(self, prompt: str) -> Expected:
+        """The prompt's unfaulted run, generated the first time a fault needs it."""
+        if prompt not in self._expected:
             session_id = submit(prompt, self.args.max_tokens)
             if not ended(session_id, 300) or session_row(session_id)["status"] != "succeeded":
                 raise SystemExit(f"the unfaulted run of {prompt!r} did not succeed: {session_row(session_id)}")
-            self.expected[prompt] = [token for _, token in token_rows(session_id)]
-            say(f"unfaulted {prompt!r}: {len(self.expected[prompt])} tokens")
+            self._expected[prompt] = Expected([token for _, token in token_rows(session_id)],
+                                              session_row(session_id)["text"])
+            say(f"unfaulted {prompt!r}: {len(self._expected[prompt].tokens)} tokens")
+        return self._expected[prompt]
+
+    def record(self, kind: str, run: int, session_id: str, prompt: str, note: str, settle: float = 0.0) -> None:
+        result = outcome(session_id, self.expected(prompt), self.args.deadline, self.args.max_tokens, settle)
+        self.outcomes[kind].append(result)
+        say(f"{kind} {run + 1}: {note}; {result.line()}")
 
     def kill(self, kind: str, run: int) -> None:
         """One kill run (retried when the kill came after the session had ended)."""
         prompt = PROMPTS[run % len(PROMPTS)]
+        expected = self.expected(prompt)
         for _attempt in range(3):
             session_id = submit(prompt, self.args.max_tokens)
             if kind == "kill_worker":
-                threshold = min(random.randint(5, 40), len(self.expected[prompt]) // 3)
+                threshold = min(random.randint(5, 40), len(expected.tokens) // 3)
                 wait(lambda sid=session_id, n=threshold: committed(sid) >= n, 120)
                 time.sleep(random.uniform(0.0, 0.25))
                 at_kill = committed(session_id)
-                self.worker.kill_group()
+                worker = self.worker_of(session_id)
+                if worker is None:
+                    self.missed[kind] = self.missed.get(kind, 0) + 1
+                    continue
+                worker.kill_group()
             else:
                 wait(lambda sid=session_id: session_row(sid)["status"] == "running", 120)
                 time.sleep(random.uniform(0.05, 1.5))
                 at_kill = committed(session_id)
-                self.worker.kill_pid()
+                worker = self.worker_of(session_id)
+                if worker is None:
+                    self.missed[kind] = self.missed.get(kind, 0) + 1
+                    continue
+                worker.kill_pid()
             status = session_row(session_id)["status"]
-            self.worker = Worker(self.args.concurrency)
+            self.workers[worker.role] = worker.again()
             if status in TERMINAL:  # the fault came too late to be one
-                self.missed[kind] += 1
+                self.missed[kind] = self.missed.get(kind, 0) + 1
                 continue
-            result = outcome(session_id, self.expected[prompt], self.args.deadline)
-            self.outcomes[kind].append(result)
-            say(f"{kind} {run + 1}: killed at {at_kill} committed tokens; {result.line()}")
+            self.record(kind, run, session_id, prompt, f"killed on {worker.role} at {at_kill} committed tokens")
             return
         say(f"{kind} {run + 1}: every kill came after the session ended (generation too short?)")
 
     def broker_flush(self, run: int) -> None:
+        import redis
+
         from metadata.sessions import token_stream
 
-        prompts = [PROMPTS[(run + offset) % len(PROMPTS)] for offset in range(self.args.concurrency + 1)]
+        broker = redis.Redis.from_url(self.services.broker.url()) if self.services else token_stream.client()
+        slots = self.args.concurrency * len(self.workers)  # one session more waits in the broker
+        prompts = [PROMPTS[(run + offset) % len(PROMPTS)] for offset in range(slots + 1)]
+        for prompt in prompts:
+            self.expected(prompt)
         ids = [submit(prompt, self.args.max_tokens) for prompt in prompts]
         wait(lambda: all(committed(session_id) >= 1 for session_id in ids[:-1]), 120)
         before = [(session_row(session_id)["status"], committed(session_id)) for session_id in ids]
-        token_stream.client().flushdb()
+        broker.flushdb()
         for prompt, session_id, (status, rows) in zip(prompts, ids, before):
-            result = outcome(session_id, self.expected[prompt], self.args.deadline)
-            self.outcomes["broker_flush"].append(result)
-            say(f"broker_flush {run + 1}: {status} with {rows} committed tokens at the flush; {result.line()}")
+            self.record("broker_flush", run, session_id, prompt, f"{status} with {rows} committed tokens at the flush")
+
+    def taken_over(self, session_id: str, attempts: int, timeout: float) -> bool:
+        """Wait until another run claimed the session (or it ended)."""
+        return bool(wait(lambda: (lambda row: row["attempts"] > attempts or row["status"] in TERMINAL)(
+            session_row(session_id)), timeout, interval=0.1))
+
+    def host_fault(self, kind: str, run: int) -> None:
+        """One pause, partition or restart run, once the session committed some tokens (retried
+        when the session had ended first)."""
+        prompt = PROMPTS[run % len(PROMPTS)]
+        expected = self.expected(prompt)
+        takeover_s = self.args.lease + self.args.requeue_after + 4 * self.args.reconcile_every + 30
+        for _attempt in range(3):
+            session_id = submit(prompt, self.args.max_tokens)
+            threshold = min(random.randint(3, 20), len(expected.tokens) // 3)
+            wait(lambda sid=session_id, n=threshold: committed(sid) >= n, 120)
+            time.sleep(random.uniform(0.0, 0.2))
+            row = session_row(session_id)
+            worker = self.worker_of(session_id)
+            if row["status"] != "running" or worker is None:
+                self.missed[kind] = self.missed.get(kind, 0) + 1
+                continue
+            at_fault, started = committed(session_id), time.monotonic()
+            if kind == "pause":
+                worker.pause()
+                taken = self.taken_over(session_id, row["attempts"], takeover_s)
+                time.sleep(random.uniform(0.0, 3.0))  # the new run gets on (or ends) before this one wakes
+                worker.resume()
+                note = f"{worker.role} paused {time.monotonic() - started:.1f} s at {at_fault} tokens, taken over: {taken}"
+            elif kind == "partition":
+                self.hosts.partition(worker.role)
+                taken = self.taken_over(session_id, row["attempts"], takeover_s)
+                time.sleep(random.uniform(0.0, 3.0))
+                self.hosts.heal(worker.role)
+                note = (f"{worker.role} cut off {time.monotonic() - started:.1f} s at {at_fault} tokens, "
+                        f"taken over: {taken}")
+            else:
+                service = getattr(self.services, kind.removeprefix("restart_"))
+                service.restart()
+                note = f"restarted in {time.monotonic() - started:.1f} s at {at_fault} tokens on {worker.role}"
+            # A woken run writes, if anything lets it, in its next step: give it a few leases' time.
+            settle = 3 * self.args.lease if kind in ("pause", "partition") else 0.0
+            self.record(kind, run, session_id, prompt, note, settle=settle)
+            return
+        say(f"{kind} {run + 1}: every fault came after the session ended (generation too short?)")
+
+    def run(self, case: str, run: int) -> None:
+        if case in ("kill_child", "kill_worker"):
+            self.kill(case, run)
+        elif case == "broker_flush":
+            self.broker_flush(run)
+        else:
+            self.host_fault(case, run)
 
     def result_line(self) -> str:
-        def ok(kind: str) -> str:
-            outcomes = self.outcomes[kind]
+        def ok(*kinds: str) -> str:
+            outcomes = [o for kind in kinds for o in self.outcomes[kind]]
             return f"{sum(o.ok for o in outcomes)}/{len(outcomes)}"
 
         every = [o for outcomes in self.outcomes.values() for o in outcomes]
@@ -341,12 +529,35 @@ class FaultBench:
         lost_rows = sum(o.lost_rows for o in every)
         return (f"RESULT kill_child_ok={ok('kill_child')} kill_worker_ok={ok('kill_worker')} "
                 f"broker_flush_ok={ok('broker_flush')} duplicate_stream_events={duplicates} "
-                f"lost_sessions={lost_sessions} lost_rows={lost_rows}")
+                f"lost_sessions={lost_sessions} lost_rows={lost_rows} pause_ok={ok('pause')} "
+                f"partition_ok={ok('partition')} restart_ok={ok(*RESTARTS)} "
+                f"duplicate_tokens={sum(o.duplicate_tokens for o in every)} "
+                f"over_max_tokens={sum(o.over_max for o in every)} "
+                f"text_mismatch={sum(not o.text_ok for o in every)}")
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+
+
+def parse_cases(value: str, hosts: str) -> list[str]:
+    allowed = NETNS_CASES if hosts == "netns" else LOCAL_CASES
+    cases = [case.strip() for case in value.split(",") if case.strip()] if value else list(allowed)
+    unknown = [case for case in cases if case not in allowed]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--cases: {', '.join(unknown)} not among {', '.join(allowed)}"
+                                         f" (with --hosts {hosts})")
+    return cases
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each fault")
+    parser.add_argument("--hosts", choices=("local", "netns"), default="local",
+                        help="local: one worker on this host and the shared services; netns: services and two "
+                             "workers on network-namespace hosts of the bench's own (root)")
+    parser.add_argument("--cases", default="", help="comma-separated faults to run (default: all of --hosts' "
+                                                    f"cases: {', '.join(NETNS_CASES)} with netns)")
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=2, help="task threads of the worker")
     parser.add_argument("--lease", type=float, default=3.0, help="SPECOPS_SESSION_LEASE_S")
@@ -354,31 +565,43 @@ def main() -> None:
     parser.add_argument("--reconcile-every", type=float, default=1.0, help="seconds between reconciler passes")
     parser.add_argument("--deadline", type=float, default=120.0, help="seconds after a fault a session must end in")
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the worker")
-    parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--admin-url", default=ADMIN_URL, help="with --hosts local")
     parser.add_argument("--redis-db", type=int, default=15, help="flushed: give the bench a database of its own")
     parser.add_argument("--seed", type=int, default=0, help="of the kill timings")
-    parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    parser.add_argument("--keep", action="store_true", help="keep the bench database (with --hosts local)")
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    try:
+        cases = parse_cases(args.cases, args.hosts)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    if args.hosts == "netns" and (why := netns_hosts.available()):
+        parser.error(f"--hosts netns: {why}")
     random.seed(args.seed)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    bench_environment(args)
-    recreate_database(args.admin_url, BENCH_DB)
+    hosts = services = run_dir = None
+    if args.hosts == "netns":
+        hosts = netns_hosts.Hosts().create()
+        run_dir = netns_hosts.run_directory(hosts.suffix)
+        services = netns_hosts.Services.start(hosts, run_dir)
+        args.admin_url = services.postgres.admin_url
+        say(f"hosts: services at {hosts.services_ip} ({hosts.subnet}), workers on "
+            f"{', '.join(hosts.WORKERS)}; namespaces specops-{hosts.suffix}-*; logs in {LOG_DIR}")
+    bench_environment(args, services)
     bench = None
     reconciler = None
     try:
+        recreate_database(args.admin_url, BENCH_DB)
         prepare()
         started = time.monotonic()
-        bench = FaultBench(args)
+        bench = FaultBench(args, hosts, services, run_dir)
         reconciler = ReconcilerThread(args.reconcile_every)
         reconciler.start()
-        bench.baselines()
         for run in range(args.runs):
-            bench.kill("kill_child", run)
-            bench.kill("kill_worker", run)
-            bench.broker_flush(run)
-        say(f"reconciler: {reconciler.passes}; kills that came too late (run again): {bench.missed}; "
+            for case in cases:
+                bench.run(case, run)
+        say(f"reconciler: {reconciler.passes}; faults that came too late (run again): {bench.missed}; "
             f"{time.monotonic() - started:.0f} s; worker logs in {LOG_DIR}")
         say(bench.result_line())
     finally:
@@ -386,11 +609,14 @@ def main() -> None:
             reconciler.stopped.set()
             reconciler.join(timeout=10)
         if bench is not None:
-            bench.worker.stop()
+            bench.stop()
         from django.db import connections
 
         connections.close_all()
-        if not args.keep:
+        if hosts is not None:
+            hosts.remove()
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif not args.keep:
             drop_database(args.admin_url, BENCH_DB)
 
 
