@@ -1,4 +1,4 @@
-"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, E004, W002)."""
+"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, E004, E005, W002)."""
 from __future__ import annotations
 
 from django.core.checks import Error, Warning, register
@@ -31,6 +31,23 @@ def check_engine_core(app_configs=None, **kwargs) -> list:
         return [Error(f"SPECOPS_ENGINE_CORE {mode!r} is not an engine-core mode.",
                       hint=f"Use one of: {', '.join(ENGINE_CORE_MODES)}.", id="specops.E004")]
     return []
+
+
+PREFIX_CACHE_ISOLATIONS = ("shared", "tenant")
+
+
+@register()
+def check_prefix_cache(app_configs=None, **kwargs) -> list:
+    """The prefix cache's isolation is a known one and its size and block are not negative: a typo
+    must not quietly share prefixes across tenants that were meant to be isolated."""
+    errors = []
+    if inference_conf.PREFIX_CACHE_ISOLATION not in PREFIX_CACHE_ISOLATIONS:
+        errors.append(Error(f"SPECOPS_PREFIX_CACHE_ISOLATION {inference_conf.PREFIX_CACHE_ISOLATION!r} is not an "
+                            "isolation.", hint=f"Use one of: {', '.join(PREFIX_CACHE_ISOLATIONS)}.", id="specops.E005"))
+    if inference_conf.PREFIX_CACHE_MB < 0 or inference_conf.PREFIX_CACHE_BLOCK < 1:
+        errors.append(Error("SPECOPS_PREFIX_CACHE_MB must be 0 or more and SPECOPS_PREFIX_CACHE_BLOCK 1 or more.",
+                            hint="SPECOPS_PREFIX_CACHE_MB=0 turns the prefix cache off.", id="specops.E005"))
+    return errors
 
 
 @register()

@@ -35,6 +35,16 @@ SETTINGS = (
     Setting("SPECOPS_PACK_LINEAR", bool, False,
             "the linear layers of a batch forward take each row's real tokens only, not the padding to the "
             "widest row (faster with uneven verify lengths; changes logits' low bits, hence off by default)"),
+    Setting("SPECOPS_PREFIX_CACHE_MB", int, 512,
+            "memory a device's prefix cache may hold: keys and values of earlier prompts and replies that a "
+            "new request starting with them adopts instead of prefilling (inference/engine/kv/prefix_cache.py; 0: off)"),
+    Setting("SPECOPS_PREFIX_CACHE_BLOCK", int, 16, "tokens per block of the prefix cache (whole blocks are matched)"),
+    Setting("SPECOPS_PREFIX_CACHE_ISOLATION", str, "shared",
+            "who may adopt whose cached prefixes: shared (every tenant of a model version; a hit is faster, which "
+            "another tenant could time), tenant (each tenant its own)"),
+    Setting("SPECOPS_PREFIX_AFFINITY", bool, True,
+            "route a request whose prompt extends a recent one to the worker whose prefix cache holds it "
+            "(inference/affinity.py; workers consume their own Celery direct queue)"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
     Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.latency_budget import measure
-from inference import prediction_cache
+from inference import affinity, prediction_cache
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from inference.registry import DEMO_NAME, pending_build
 from inference.tasks import generate
@@ -184,8 +184,10 @@ def submit_generation(request: ValidatedRequest, tenant: Tenant, user) -> Sessio
             enqueued_at=timezone.now(),  # the reconciler re-enqueues it if no worker takes it
         )
     try:
+        # a prompt extending a recent one goes to the worker whose prefix cache holds it (affinity.py)
+        queue = affinity.route(session.target, session.prompt) or session.queue
         with measure("enqueue"):  # the Celery instrumentation's apply_async span carries the trace on
-            generate.apply_async(args=[str(session.pk)], queue=session.queue, priority=broker_priority(live))
+            generate.apply_async(args=[str(session.pk)], queue=queue, priority=broker_priority(live))
     except Exception as exc:  # broker down: the session must not sit queued forever
         logger.exception("enqueue of session %s failed", session.pk)
         Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED, error=f"enqueue failed: {exc}")

@@ -5,15 +5,24 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from celery.signals import celeryd_after_setup
 
 from core.queues import MAINTENANCE_QUEUE
+from inference import affinity
 
 logger = logging.getLogger(__name__)
 
 
-@shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True)
-def generate(session_id: str) -> str:
+@celeryd_after_setup.connect
+def remember_node(sender: str, instance=None, **kwargs) -> None:
+    """This worker's node name, which conversation affinity records and routes to (affinity.py)."""
+    affinity.set_node(sender)
+
+
+@shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True, bind=True)
+def generate(self, session_id: str) -> str:
     """Run the speculative generation of one session (idempotent: see lifecycle.run_session)."""
+    affinity.set_node(self.request.hostname or None)  # where the signal did not reach (a test's worker)
     # Imported here so the web process, which only enqueues, never loads torch and the engine.
     from inference.worker.batching_loop import device_loop
     from inference.worker.lifecycle import run_session

@@ -20,6 +20,7 @@ from core import histograms
 from core.charts import PALETTE, Reference, Series, bar_chart, line_chart
 from core.conf import conf
 from inference.models import ModelVersion, VersionStatus
+from inference.worker import prefix_cache_reading
 from inference.worker.metrics import ITL_SLO_SECONDS, TTFT_SLO_SECONDS
 from metadata.models import (
     LIVE_STATUSES,
@@ -136,6 +137,17 @@ def hit_rate(slot: Slot) -> float | None:
     values = slot.values or {}
     total = values.get("hits", 0) + values.get("misses", 0)
     return 100.0 * values["hits"] / total if total else None
+
+
+def reused_share(slot: Slot) -> float | None:
+    """Percent of the sessions' prompt tokens adopted from the prefix cache."""
+    values = slot.values or {}
+    return 100.0 * values.get("cached_tokens", 0) / values["prompt_tokens"] if values.get("prompt_tokens") else None
+
+
+def prefix_hit_rate(slot: Slot) -> float | None:
+    """Percent of the sessions that adopted a cached prefix."""
+    return 100.0 * (slot.values or {}).get("hits", 0) / slot.count if slot.count else None
 
 
 def mean(slot: Slot) -> float | None:
@@ -267,6 +279,22 @@ def cache_and_replica_charts(live: RollupWindow) -> dict:
     }
 
 
+def prefix_cache_charts(live: RollupWindow) -> dict:
+    """The prefix cache: per device queue, the share of prompt tokens reused and of sessions that
+    adopted a prefix (from the sessions' stats); each live device's memory (its Redis reading)."""
+    lines = []
+    for key in live.keys("prefix"):
+        lines.append((f"{key} tokens reused", live.points("prefix", reused_share, key)))
+        lines.append((f"{key} sessions hit", live.points("prefix", prefix_hit_rate, key)))
+    try:
+        devices = prefix_cache_reading.readings()
+    except Exception:  # Redis down: the chart still shows, the table says it cannot read
+        devices = None
+    return {"prefix_chart": line_chart(_colored(lines), "%", top=100.0,
+                                       title="Prefix cache: prompt tokens reused and sessions that hit"),
+            "prefix_devices": devices}
+
+
 def latest_samples(live: RollupWindow, series: str) -> list[tuple[str, float]]:
     out = []
     for key in live.keys(series):
@@ -313,6 +341,7 @@ def dashboard_context(now: datetime | None = None) -> dict:
         **batching_charts(live),
         **acceptance_charts(live, day),
         **cache_and_replica_charts(live),
+        **prefix_cache_charts(live),
         "default_rows": latest_samples(live, "default_rows"),
         "archival_jobs": archival_progress(),
         "active_models": ModelVersion.objects.filter(status=VersionStatus.ACTIVE).order_by("name", "role"),

@@ -14,6 +14,8 @@ Series (``series`` / ``key``; ``count``, ``total``, ``buckets`` = latency histog
 * ``pair`` / "<target id>:<draft id or ->": sessions, drafted, accepted, steps (the registry's
   acceptance of each model pair over time).
 * ``batch`` / device queue: sessions, sum and max of the most rows each shared a step with.
+* ``prefix`` / device queue: sessions, their prompt tokens, the tokens they adopted from the
+  prefix cache (``cached_tokens``) and how many adopted any (``hits``).
 * ``cache`` / "<cache>/<tier>": hits, misses, coalesced, from the cache snapshots.
 * sampled at each run: ``queue_depth`` / queue (broker), ``replica_lag`` / replica (WAL bytes,
   from LSNs; ``down`` samples), ``db_xacts`` / database alias (transactions since the previous
@@ -142,7 +144,8 @@ _SESSION_SQL = f"""
            stats->>'drafter', (stats->>'steps')::int, (stats->>'drafted')::int, (stats->>'accepted')::int,
            stats->'drafted_per_position', stats->'accepted_per_position',
            (stats->>'draft_seconds')::float, (stats->>'verify_seconds')::float,
-           (stats->>'batch_rows_max')::int, (stats->>'ttft_seconds')::float, (stats->>'itl_seconds')::float
+           (stats->>'batch_rows_max')::int, (stats->>'ttft_seconds')::float, (stats->>'itl_seconds')::float,
+           (stats->>'prompt_tokens')::int, (stats->>'cached_tokens')::int
     FROM {Session._meta.db_table}
     WHERE tenant_id = ANY(%s) AND created_at >= %s AND created_at < %s
       AND finished_at >= %s AND finished_at < %s"""
@@ -178,7 +181,7 @@ def _json_list(raw) -> list | None:
 def _add_session(row: tuple, stream: list | None, slots: Slots) -> None:
     (_, requested_drafter, queue, status, target_id, draft_id, tokens, created_at, started_at,
      finished_at, drafter, steps, drafted, accepted, drafted_pp, accepted_pp, draft_s, verify_s, batch_rows,
-     ttft_s, itl_s) = row
+     ttft_s, itl_s, prompt_tokens, cached_tokens) = row
     drafter = drafter or requested_drafter
     drafted_pp, accepted_pp = _json_list(drafted_pp), _json_list(accepted_pp)
     minute = floor_minute(finished_at)
@@ -197,6 +200,12 @@ def _add_session(row: tuple, stream: list | None, slots: Slots) -> None:
         pair.add("steps", steps)
         pair.add("drafted", drafted or 0)
         pair.add("accepted", accepted or 0)
+    if prompt_tokens:
+        prefix = slots.setdefault(("prefix", queue, minute), Slot())
+        prefix.count += 1
+        prefix.add("prompt_tokens", prompt_tokens)
+        prefix.add("cached_tokens", cached_tokens or 0)
+        prefix.add("hits", 1 if cached_tokens else 0)
     if batch_rows:
         batch = slots.setdefault(("batch", queue, minute), Slot())
         batch.count += 1

@@ -25,6 +25,9 @@ app.conf.update(
     # gpu.N queues are declared on demand (task_create_missing_queues) by the workers that own them.
     task_queues=[Queue(CPU_QUEUE), Queue(MAINTENANCE_QUEUE)],
     task_create_missing_queues=True,
+    # every worker also consumes a queue of its own (<node>.dq2): conversation affinity sends a
+    # prompt extending a recent one to the worker whose prefix cache holds it (inference/affinity.py)
+    worker_direct=True,
     task_default_queue=CPU_QUEUE,
     # Beat jobs (partition rotation, index rotation, cache snapshots, gauges) never wait behind
     # a generation on a model queue.

@@ -28,6 +28,8 @@ class GenerationStats:
     """
 
     prompt_tokens: int = 0
+    # prompt (and resumed) tokens adopted from the prefix cache instead of prefilled
+    cached_tokens: int = 0
     new_tokens: int = 0
     steps: int = 0
     drafted: int = 0
@@ -97,12 +99,17 @@ class GenerationStats:
                 for drafted, accepted in zip(self.drafted_per_position, self.accepted_per_position)]
 
     @property
+    def prefill_tokens(self) -> int:
+        """Prompt (and resumed) tokens the target prefilled: those not adopted from the prefix cache."""
+        return self.prompt_tokens - self.cached_tokens
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
     def merge(self, other: GenerationStats) -> None:
         """Add another generation's counters (the bench sums over prompts)."""
-        for name in ("prompt_tokens", "new_tokens", "steps", "drafted", "accepted", "rejections",
+        for name in ("prompt_tokens", "cached_tokens", "new_tokens", "steps", "drafted", "accepted", "rejections",
                      "draft_seconds", "verify_seconds", "total_seconds", "scheduled_steps",
                      "expected_accepted", "scheduled_accepted", "cut_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -123,5 +130,6 @@ class GenerationStats:
             acceptance_per_position=self.acceptance_per_position,
             tokens_per_second=self.tokens_per_second,
             survival_calibration=self.survival_calibration,
+            prefill_tokens=self.prefill_tokens,
         )
         return data

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable
+from dataclasses import replace
 
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.batch.policy import SpeculationPolicy
+from inference.engine.kv.prefix_cache import PrefixCache
 from inference.engine_core.protocol import EngineSettings, Pair, StepReport
 
 logger = logging.getLogger(__name__)
@@ -28,6 +30,8 @@ class LocalEngines:
         self.models = models  # a models.ModelResidency: what `drop` unloads
         self.engines: dict[Pair, BatchedSpeculativeEngine] = {}
         self._pair_of: dict[Hashable, Pair] = {}  # request id -> its engine's pair
+        # one store for the device, bounded as a whole; each pair's engine has its own namespace
+        self.prefix_cache = PrefixCache(settings.prefix_cache_mb * 1024 * 1024, settings.prefix_cache_block)
 
     def submit(self, pair: Pair, request: BatchRequest, target, draft, dspark) -> None:
         """Hand a request to its pair's engine (built on first use); raises what the engine refuses."""
@@ -39,7 +43,8 @@ class LocalEngines:
                 target, draft, decode=target.tokenizer.decode,
                 policy=SpeculationPolicy(enabled=settings.policy_enabled),
                 max_rows=settings.max_rows, prefill_chunk=settings.prefill_chunk or None,
-                prefill=settings.prefill_mode, dspark=dspark, pack_linear=settings.pack_linear)
+                prefill=settings.prefill_mode, dspark=dspark, pack_linear=settings.pack_linear,
+                prefix_cache=self.prefix_cache, prefix_namespace=pair)
             self.engines[pair] = engine
         engine.submit(request)
         self._pair_of[request.request_id] = pair
@@ -73,7 +78,8 @@ class LocalEngines:
             if event.finished:
                 self._pair_of.pop(event.request_id, None)
         report = StepReport(pair, events, list(engine.forward_log), timing=engine.last_step_timing,
-                            steps=getattr(engine, "steps", 0), seconds=time.perf_counter() - started)
+                            steps=getattr(engine, "steps", 0), seconds=time.perf_counter() - started,
+                            prefix_cache=replace(self.prefix_cache.stats) if self.prefix_cache.enabled else None)
         engine.forward_log.clear()
         if engine.last_decision is not None:
             report.decision_depth = engine.last_decision.depth
@@ -90,6 +96,8 @@ class LocalEngines:
         dropped = [pair for pair in pairs if pair in self.engines and not self.engines[pair].has_work()]
         for pair in dropped:
             del self.engines[pair]
+            # a retired pair's prefixes can never be adopted again
+            self.prefix_cache.drop_namespace_where(lambda namespace: namespace[0] == pair)
         still_used = {version for pair in self.engines for version in pair}
         for version_id in {version for pair in dropped for version in pair}:
             if version_id is not None and version_id not in still_used and version_id not in keep:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from inference.engine.batch.rows import BatchRequest, RowEvent, StepTiming
 from inference.engine.config import GenerationConfig
+from inference.engine.kv.prefix_cache import PrefixCacheStats
 
 Pair = tuple[int, "int | None"]  # (target version id, draft version id or None)
 
@@ -58,6 +59,8 @@ class EngineSettings:
     pack_linear: bool = False
     onednn_linear: bool = True
     resident_models: int = 4
+    prefix_cache_mb: int = 0  # the device's prefix cache (kv/prefix_cache.py); 0: off
+    prefix_cache_block: int = 16
 
 
 # -- front -> core --------------------------------------------------------------------------
@@ -138,6 +141,7 @@ class StepReport:
     steps: int = 0
     seconds: float = 0.0  # the step's wall time in the engine (what the front's handling must stay below)
     failure: str = ""
+    prefix_cache: PrefixCacheStats | None = None  # the device's prefix cache after the step (a copy)
 
 
 @dataclass(frozen=True)

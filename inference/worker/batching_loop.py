@@ -46,7 +46,8 @@ from inference.engine.drafters.suffix import suffix_corpora
 from inference.engine_core.client import CoreClient, CoreRestarted, RemoteCorpora
 from inference.engine_core.engines import LocalEngines
 from inference.engine_core.protocol import EngineSettings, Refused, StepReport
-from inference.worker import metrics, suffix_feed
+from inference import affinity
+from inference.worker import metrics, prefix_cache_reading, suffix_feed
 from inference.worker.fencing import SUPERSEDED, renew_leases
 from inference.worker.lifecycle import session_end, write_end
 from inference.worker.residency import residency
@@ -72,7 +73,8 @@ class DeviceBatchLoop:
         self.settings = EngineSettings(
             max_rows=max_rows, prefill_chunk=prefill_chunk, policy_enabled=policy_enabled,
             prefill_mode=None if conf.PREFILL == "auto" else conf.PREFILL, pack_linear=conf.PACK_LINEAR,
-            onednn_linear=conf.ONEDNN_LINEAR, resident_models=conf.RESIDENT_MODELS)
+            onednn_linear=conf.ONEDNN_LINEAR, resident_models=conf.RESIDENT_MODELS,
+            prefix_cache_mb=conf.PREFIX_CACHE_MB, prefix_cache_block=conf.PREFIX_CACHE_BLOCK)
         self.inbox: queue.Queue[SessionJob] = queue.Queue()
         self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
         self.recorder = BatchRecorder()
@@ -149,6 +151,7 @@ class DeviceBatchLoop:
         self._admit(block=not self.jobs and not self._leaving)
         # each iteration (idle ones too, so the gauge drains with the writer)
         metrics.observe_writer_backlog(self.writes.waiting, self.writes.max_items)
+        affinity.heartbeat(len(self.jobs), self.settings.max_rows)  # routing may send this node more (throttled)
         while not self._stale.empty():
             self._drop_stale(self._stale.get())
         busy = bool(self.jobs or self._leaving)
@@ -295,6 +298,9 @@ class DeviceBatchLoop:
             metrics.observe_policy_decision(report.decision_depth, report.running)
         if report.step_costs is not None:
             metrics.observe_step_costs(report.step_costs)
+        if report.prefix_cache is not None:
+            metrics.observe_prefix_cache(report.prefix_cache)
+            prefix_cache_reading.publish(report.prefix_cache)
         if tracing.enabled():
             self._trace_step(report)
         self._record(report.events)

@@ -37,6 +37,7 @@ from django.db.models.functions import Now
 from core import latency_budget
 from inference.conf import conf
 from inference.engine.batch.engine import BatchRequest
+from inference import affinity
 from inference.worker import canary, metrics, suffix_feed
 from inference.worker.fencing import (
     SUPERSEDED,
@@ -100,7 +101,9 @@ def prepare(session: Session) -> SessionJob:
         config=generation_config(session.params, tokenizer.eos_token_id),
         drafter=session.drafter, draft_config=draft_config(session.drafter, session.params),
         deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed),
-        corpus=suffix_feed.corpus_key(session))
+        corpus=suffix_feed.corpus_key(session),
+        # with per-tenant isolation a tenant's rows adopt only its own cached prefixes
+        cache_scope=session.tenant_id if conf.PREFIX_CACHE_ISOLATION == "tenant" else None)
     recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
     return SessionJob(session=session, request=request, target=target, draft=draft,
                       model_name=session.target.name, recorder=recorder,
@@ -269,6 +272,9 @@ def write_end(end: SessionEnd, failure: str = "") -> None:
     finally:
         if status != SUPERSEDED:
             observe_end(end, status)
+        if status in (SessionStatus.SUCCEEDED, SessionStatus.CANCELLED):
+            # this node's prefix cache holds the context now: its next turn is routed here
+            affinity.record(job.session.target_id, list(job.request.prompt_ids) + list(end.recorder.token_ids))
         if job.trace is not None:
             job.trace.end(status)
         job.status = status

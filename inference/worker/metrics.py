@@ -317,6 +317,34 @@ def observe_step_costs(costs: dict[str, object]) -> None:
                 STEP_COST_ESTIMATE.labels(model, str(rows), str(tokens)).set(cost_model.estimate(rows, tokens))
 
 
+PREFIX_LOOKUPS = Counter("specops_prefix_cache_lookups_total",
+                         "Newcomers that looked up the device's prefix cache (kv/prefix_cache.py).")
+PREFIX_HITS = Counter("specops_prefix_cache_hits_total", "Prefix-cache lookups that adopted at least one block.")
+PREFIX_HIT_TOKENS = Counter("specops_prefix_cache_reused_tokens_total",
+                            "Prompt tokens adopted from the prefix cache instead of prefilled.")
+PREFIX_LOOKUP_TOKENS = Counter("specops_prefix_cache_lookup_tokens_total",
+                               "Prompt tokens newcomers could have adopted (what the reused tokens are a share of).")
+PREFIX_EVICTED = Counter("specops_prefix_cache_evicted_blocks_total", "Prefix-cache blocks evicted (least recently used).")
+PREFIX_BYTES = Gauge("specops_prefix_cache_bytes", "Memory the devices' prefix caches hold.", multiprocess_mode="livesum")
+PREFIX_BLOCKS = Gauge("specops_prefix_cache_blocks", "Blocks the devices' prefix caches hold.", multiprocess_mode="livesum")
+_prefix_seen: dict[str, int] = {}  # the core's counters at the last report: the counters move by the difference
+
+
+def observe_prefix_cache(stats) -> None:
+    """Export the engine core's prefix-cache counters (`PrefixCacheStats`, cumulative in the core;
+    a restarted core starts again from 0, so a counter that went down counts from 0)."""
+    for counter, name in ((PREFIX_LOOKUPS, "lookups"), (PREFIX_HITS, "hits"), (PREFIX_HIT_TOKENS, "hit_tokens"),
+                          (PREFIX_LOOKUP_TOKENS, "lookup_tokens"), (PREFIX_EVICTED, "evicted_blocks")):
+        value = getattr(stats, name)
+        last = _prefix_seen.get(name, 0)
+        delta = value - last if value >= last else value
+        if delta:
+            counter.inc(delta)
+        _prefix_seen[name] = value
+    PREFIX_BYTES.set(stats.bytes)
+    PREFIX_BLOCKS.set(stats.blocks)
+
+
 def observe_policy_decision(depth: int, rows: int) -> None:
     """Record one step's policy decision: how far it drafted and how many rows ran."""
     POLICY_DEPTH.labels(str(max(0, min(depth, MAX_POSITION)))).inc()

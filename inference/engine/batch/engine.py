@@ -47,6 +47,7 @@ from inference.engine.batch.chain_drafting import ChainDrafting
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
+from inference.engine.batch.prefix_reuse import PrefixReuse
 from inference.engine.batch.profiling import profile_step_costs
 from inference.engine.batch.scheduling import ConfidenceScheduling
 from inference.engine.batch.rows import (
@@ -69,6 +70,7 @@ from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.dspark.modeling import DSparkModel
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
+from inference.engine.kv.prefix_cache import PrefixCache
 from inference.engine.kv.ragged import RaggedCache
 from inference.engine.models.linear_kernels import prepare_kernels
 from inference.engine.models.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
@@ -78,7 +80,8 @@ from inference.engine.outputs import GenerationResult, StepOutput
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
-class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling, FeatureRows):
+class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling, FeatureRows,
+                               PrefixReuse):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -88,6 +91,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     DSpark checkpoint (drafters/dspark), which the `dspark` drafter runs (feature_rows.py).
     pack_linear: the linear layers of a ragged forward take the rows' real tokens only, not the
     padding to the widest row (modeling.py `Packing`; opt-in: it changes logits' low bits).
+    prefix_cache: the device's store of cached prefixes (kv/prefix_cache.py), which newcomers
+    adopt and rows fill (batch/prefix_reuse.py); None or a 0-byte store: every prompt prefills.
+    prefix_namespace: this engine's part of that store (the model pair; default: this engine).
     """
 
     def __init__(
@@ -102,6 +108,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         prefill: str | None = None,
         dspark: DSparkModel | None = None,
         pack_linear: bool = False,
+        prefix_cache: PrefixCache | None = None,
+        prefix_namespace: Hashable | None = None,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
@@ -141,6 +149,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
+        self._init_prefix_reuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
         self.waiting: deque[BatchRow] = deque()
         self._cancelled: set[Hashable] = set()
         self.steps = 0
@@ -223,16 +232,17 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     def _add_decoding_row(self, row: BatchRow, lane_index: tuple[int, int | None] | None) -> None:
         """Give the row a row of the batch's caches: empty, or its prefilled one from the lane
         (lane_index: its target and draft cache rows there)."""
+        drafts = row.drafter_kind == "draft_model"
         if lane_index is None:
-            self.target_cache.add_row()
+            # a newcomer of the shared mode (or one with nothing to prefill): a cached prefix
+            self._open_cache_rows(row, self.target_cache, self.draft_cache if drafts else None,
+                                  row.prefill_length)
         else:
             self.target_cache.adopt_row(self.lane_target_cache, lane_index[0])
-        self.rows.append(row)
-        if row.drafter_kind == "draft_model":
-            if lane_index is None:
-                self.draft_cache.add_row()
-            else:
+            if drafts:
                 self.draft_cache.adopt_row(self.lane_draft_cache, lane_index[1])
+        self.rows.append(row)
+        if drafts:
             self.draft_rows.append(row)
 
     # -- one step -------------------------------------------------------------------------
@@ -398,6 +408,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         for row in rows:
             self._cancelled.discard(row.request.request_id)
         self._leave_lane([row for row in self.lane_rows if id(row) in leaving])
+        if self.prefix_cache is not None:
+            for index, row in enumerate(self.rows):
+                if id(row) in leaving:
+                    draft_index = self.draft_rows.index(row) if row in self.draft_rows else None
+                    self._offer_prefix(row, self.target_cache, index, self.draft_cache, draft_index)
         keep = [index for index, row in enumerate(self.rows) if id(row) not in leaving]
         self.target_cache.keep_rows(keep)
         self.rows = [self.rows[index] for index in keep]

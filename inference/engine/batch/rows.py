@@ -39,6 +39,8 @@ class BatchRequest:
     resume_ids: tokens an earlier run of this request already generated (and committed); they
     are prefilled with the prompt and never generated again.
     corpus: an opaque key of the earlier outputs a corpus-fed drafter (suffix) may draft from.
+    cache_scope: rows of different scopes never share cached prefixes (batch/prefix_reuse.py):
+    the tenant, where tenants are isolated; None: shared by every request of the model pair.
     """
 
     request_id: Hashable
@@ -49,6 +51,7 @@ class BatchRequest:
     deadline: float | None = None
     resume_ids: tuple[int, ...] = ()
     corpus: Hashable | None = None
+    cache_scope: Hashable | None = None
 
 
 @dataclass

@@ -106,6 +106,43 @@ class RaggedCache:
         self.slots[new, :length] = True
         return new
 
+    def row_prefix(self, row: int, length: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Tokens `start`..`length` of the row's sequence, per layer (keys, values) [kv_heads,
+        tokens, dim] (copies, holes squeezed out; None for a layer never filled): what the prefix
+        cache stores (prefix_cache.py)."""
+        index = self.slots[row].nonzero()[start:length, 0]
+        layers: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for layer in self.cache.layers:
+            if not layer.is_initialized or not layer.keys.numel():
+                layers.append(None)
+                continue
+            device_index = index.to(layer.keys.device)
+            layers.append((layer.keys[row].index_select(1, device_index),
+                           layer.values[row].index_select(1, device_index)))
+        return layers
+
+    def add_row_with(self, layers: list[tuple[torch.Tensor, torch.Tensor] | None], length: int) -> int:
+        """Append a row whose sequence starts with `length` tokens of keys and values given per
+        layer ([kv_heads, length, dim], as `row_prefix` returns them); return its index."""
+        if length > self.width:
+            self._widen(length - self.width)
+        new = self.add_row()
+        if length == 0:
+            return new
+        for mine, given in zip(self.cache.layers, layers):
+            if given is None:
+                continue
+            keys, values = given
+            if not mine.is_initialized or not mine.keys.numel():
+                # the first keys of this cache: zeros (holes) for the rows it already has
+                mine.lazy_initialization(keys[None], values[None])
+                mine.keys = keys.new_zeros(self.rows, keys.shape[0], self.width, keys.shape[2])
+                mine.values = values.new_zeros(self.rows, values.shape[0], self.width, values.shape[2])
+            mine.keys[new, :, :length] = keys.to(mine.keys.device)
+            mine.values[new, :, :length] = values.to(mine.values.device)
+        self.slots[new, :length] = True
+        return new
+
     def _widen(self, extra: int) -> None:
         """Add `extra` hole slots at the end of every row."""
         self.slots = torch.cat((self.slots, torch.zeros(self.rows, extra, dtype=torch.bool)), dim=1)

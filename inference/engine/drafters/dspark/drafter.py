@@ -62,6 +62,18 @@ class DSparkDrafter(Drafter):
     def begin(self, prompt_ids: list[int]) -> None:
         self.context = ContextCache()
 
+    def context_prefix(self, length: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Its backbone's keys and values of context positions start..length, per layer
+        [heads, tokens, dim]: what the prefix cache keeps (kv/prefix_cache.py)."""
+        return [(keys[0, :, start:length], values[0, :, start:length])
+                for keys, values in zip(self.context.keys, self.context.values)]
+
+    def adopt_context(self, layers: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        """Start from a cached prefix's `length` positions (as `context_prefix` gives them)
+        instead of observing their features again."""
+        self.context = ContextCache([keys[None] for keys, _ in layers], [values[None] for _, values in layers],
+                                    length)
+
     @torch.inference_mode()
     def observe_target_features(self, features: torch.Tensor) -> None:
         """The features of the next committed positions, [1, tokens, feature_width], in order."""
