@@ -283,6 +283,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
             events.extend(self._decode_step(started_ns, prefill_seconds))
         self._leave([row for row in self.rows + self.lane_rows if row.finish_reason is not None])
         self._move_ready_rows()  # they decode from the next step on
+        if self.prefix_cache is not None and self.prefill != PREFILL_SEPARATE:
+            self._offer_prefilled_prompts()  # the shared mode's rows whose prompt is now cached
         self.target_cache.maybe_compact()
         if self.draft_cache is not None and self.draft_rows:
             self.draft_cache.maybe_compact()

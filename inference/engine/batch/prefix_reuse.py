@@ -65,10 +65,19 @@ class PrefixReuse:
         row.prefilled = match.length
         row.stats.cached_tokens = match.length
 
+    def _offer_prefilled_prompts(self) -> None:
+        """Offer the prompt of every batch row that finished prefilling since (the shared prefill
+        mode, where prompts are fed in the decoding rows' forward)."""
+        for index, row in enumerate(self.rows):
+            if not row.prefix_offered and not row.prefilling:
+                draft_index = self.draft_rows.index(row) if row in self.draft_rows else None
+                self._offer_prefix(row, self.target_cache, index, self.draft_cache, draft_index)
+
     def _offer_prefix(self, row: BatchRow, target_cache: RaggedCache, target_index: int,
                       draft_cache: RaggedCache | None = None, draft_index: int | None = None) -> None:
         """Store the row's cached context tokens (those the caches hold for its sequence) that
         the prefix cache lacks."""
+        row.prefix_offered = True
         if self.prefix_cache is None or row.finish_reason == FINISH_ERROR:
             return
         store = self.prefix_cache

@@ -133,6 +133,7 @@ class BatchRow:
         self.schedule: DraftLengthSchedule | None = None
         self.stats = GenerationStats(prompt_tokens=len(self.context))
         self.prefilled = 0  # prompt tokens in the target cache
+        self.prefix_offered = False  # its prompt went to the prefix cache (batch/prefix_reuse.py)
         # a row whose drafter reads the target's features (DSpark) prefills all but its last prompt
         # token, which stays pending: its first step then drafts on the prompt's features, in
         # either prefill mode and alone (feature_rows.py)
