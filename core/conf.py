@@ -21,8 +21,8 @@ SETTINGS = (
     Setting("SPECOPS_STREAM_HEARTBEAT_S", float, 15.0, "an SSE comment after this long without an event"),
     Setting("SPECOPS_STREAM_IDLE_LIMIT_S", float, 300.0,
             "a stream with no event for this long ends with an explicit timeout event"),
-    Setting("SPECOPS_STREAM_REDIS_CONNECTIONS", int, 5000,
-            "Redis connections one web process may hold for open streams (one blocking read each)"),
+    Setting("SPECOPS_STREAM_REDIS_CONNECTIONS", int, 8,
+            "Redis connections one web process holds for all its open streams (one reads them all)"),
     # Tracing (core.tracing): one trace per generation, API request -> Celery task -> writes.
     Setting("SPECOPS_TRACING", str, "off", "span exporter: off (no-op tracer), console or otlp"),
     Setting("SPECOPS_TRACING_OTLP_ENDPOINT", str, "http://127.0.0.1:4318/v1/traces",

@@ -4,8 +4,8 @@ A Redis Stream (not pub/sub) so a client that connects late replays from the sta
 misses a token; the key expires an hour after the last write. Events: ``tokens``
 ``{step, token_ids, text}`` per verification step, then ``done`` ``{status, finish_reason, error}``.
 
-``afollow`` is the reader of the async web server (redis.asyncio, one blocking ``XREAD`` per
-open stream, no thread): it resumes after a given entry id (the SSE ``Last-Event-ID``), reports
+``afollow`` is the reader of the async web server (redis.asyncio, no thread; after its first read
+the process's stream hub reads for it, one blocking ``XREAD`` for all open streams): it resumes after a given entry id (the SSE ``Last-Event-ID``), reports
 quiet intervals so the caller can send heartbeats, asks the caller whether a quiet session has
 ended without a ``done`` entry (its worker died, it was cancelled, its stream expired), and
 gives up after an idle limit. ``follow`` is the blocking reader for scripts and tests.
@@ -30,6 +30,9 @@ from typing import Any
 import redis
 import redis.asyncio
 from django.conf import settings
+
+from metadata.sessions import stream_hub
+from metadata.sessions.stream_hub import StreamEntry
 
 STREAM_TTL_S = 3600
 SEALED = 1 << 40  # the fence a done records: above every run's (attempts is a smallint)
@@ -241,37 +244,34 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.async
     weakref.WeakKeyDictionary())
 
 
-@dataclass(frozen=True, slots=True)
-class StreamEntry:
-    """One event of a session's stream; ``id`` is its Redis entry id ("" for a synthesized ``done``)."""
-
-    id: str
-    event: str
-    data: dict[str, Any]
-
-
 def is_entry_id(value: str) -> bool:
     return bool(ENTRY_ID.fullmatch(value))
 
 
 def async_client() -> redis.asyncio.Redis:
-    """This event loop's client (redis.asyncio connections belong to the loop that made them)."""
+    """This event loop's client (redis.asyncio connections belong to the loop that made them).
+
+    A small bounded pool (``SPECOPS_STREAM_REDIS_CONNECTIONS``), whatever the number of open
+    streams: one connection blocks in the stream hub's read of them all (``stream_hub``), the
+    others serve short commands; a command that finds them all busy waits for one.
+    """
     loop = asyncio.get_running_loop()
     client_ = _async_clients.get(loop)
     if client_ is None:
         from core.conf import conf
 
-        # One connection per open stream (each blocks in XREAD on its own key, woken by Redis when
-        # that key grows); no socket timeout: a read blocks server-side up to a heartbeat interval.
-        client_ = redis.asyncio.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=5, socket_timeout=None,
-                                               max_connections=conf.STREAM_REDIS_CONNECTIONS)
+        # The hub's read blocks up to BLOCK_MS server-side: the socket timeout is well above it.
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=max(2, conf.STREAM_REDIS_CONNECTIONS), timeout=30,
+            socket_connect_timeout=5, socket_timeout=stream_hub.BLOCK_MS / 1000 + 25,
+            client_name="specops-streams")
+        client_ = redis.asyncio.Redis(connection_pool=pool)
         _async_clients[loop] = client_
     return client_
 
 
 def _entries(batches) -> list[StreamEntry]:
-    return [StreamEntry(entry_id.decode(), fields[b"event"].decode(), json.loads(fields[b"data"]))
-            for _key, entries in batches or () for entry_id, fields in entries]
+    return [entry for _key, entries in batches or () for entry in stream_hub.decode_entries(entries)]
 
 
 async def afollow(session_id, after: str = "0-0", *, heartbeat_s: float, idle_limit_s: float,
@@ -283,37 +283,48 @@ async def afollow(session_id, after: str = "0-0", *, heartbeat_s: float, idle_li
     after ``idle_limit_s``. ``ended`` is asked when the stream is quiet (right away if the first
     read finds nothing, then at each heartbeat): it returns the ``done`` data of a session that
     has ended, which is yielded as a synthesized ``done`` once the stream is drained.
+
+    The first read is this follower's own (it does not block); after it, the loop's stream hub
+    reads for it, together with every other open stream of the process.
     """
     key = stream_key(session_id)
     client_ = async_client()
     loop = asyncio.get_running_loop()
-    last_id, quiet_since, block_ms = after, loop.time(), None  # the first read does not block
-    while True:
-        entries = _entries(await client_.xread({key: last_id}, block=block_ms, count=100))
-        for entry in entries:
-            last_id = entry.id
-            yield entry
-            if entry.event == "done":
-                return
-        if entries:
-            quiet_since, block_ms = loop.time(), _block_ms(heartbeat_s, idle_limit_s, 0.0)
-            continue
-        final = await ended() if ended is not None else None
-        if final is not None:
-            # Whatever was published between the read and the check comes first.
-            for entry in _entries(await client_.xread({key: last_id}, count=10_000)):
+    subscription = stream_hub.hub_of(client_).subscribe(key, after)
+    try:
+        quiet_since, wait_s = loop.time(), None  # the first read does not block
+        while True:
+            if wait_s is None:
+                subscription.offer(_entries(await client_.xread({key: subscription.position}, count=100)))
+            else:
+                await subscription.wait(wait_s)
+            entries = subscription.take()
+            for entry in entries:
                 yield entry
                 if entry.event == "done":
                     return
-            yield StreamEntry("", "done", final)
-            return
-        quiet = loop.time() - quiet_since
-        if quiet >= idle_limit_s:
-            yield IDLE_LIMIT
-            return
-        if block_ms is not None:
-            yield HEARTBEAT
-        block_ms = _block_ms(heartbeat_s, idle_limit_s, quiet)
+            if entries:
+                quiet_since, wait_s = loop.time(), _block_ms(heartbeat_s, idle_limit_s, 0.0) / 1000
+                continue
+            final = await ended() if ended is not None else None
+            if final is not None:
+                # Whatever was published between the read and the check comes first.
+                subscription.offer(_entries(await client_.xread({key: subscription.position}, count=10_000)))
+                for entry in subscription.take():
+                    yield entry
+                    if entry.event == "done":
+                        return
+                yield StreamEntry("", "done", final)
+                return
+            quiet = loop.time() - quiet_since
+            if quiet >= idle_limit_s:
+                yield IDLE_LIMIT
+                return
+            if wait_s is not None:
+                yield HEARTBEAT
+            wait_s = _block_ms(heartbeat_s, idle_limit_s, quiet) / 1000
+    finally:
+        subscription.close()
 
 
 def _block_ms(heartbeat_s: float, idle_limit_s: float, quiet_s: float) -> int:

@@ -1,0 +1,208 @@
+"""One blocking read for every open stream of a web process: the stream hub.
+
+Each open SSE stream used to block in an ``XREAD`` of its own, on a Redis connection of its own,
+so a web process's open streams were bounded by Redis's ``maxclients`` (shared by every process)
+and past it the throttles, which count in Redis too, failed open. Now one reader task per event
+loop (``StreamHub``) blocks in a single ``XREAD`` over every followed key, each key at the lowest
+entry id its followers have reached, and hands each follower (a ``Subscription``) the entries
+after its own position, in order, each once. A process then needs a few connections from a
+bounded pool whatever the number of its streams: the hub's, and a few for short commands (a
+follower's first read, the open-stream slots).
+
+A follower that joins while the hub's read blocks wakes it with an ``XADD`` to the hub's own wake
+key, which that read names at the id it last saw: a wake that reaches Redis before the read
+still ends it at once, so a new stream never waits for the block to time out. One wake at most
+per read: a thousand streams opening together cost one ``XADD``, not a thousand.
+
+Why hand-written: redis-py has no multiplexing reader for streams (consumer groups would make
+each stream's position server-side state that outlives the client, and every follower of a
+session reads the same entries, which a group would share out instead).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+BLOCK_MS = 5_000  # the hub's read blocks this long at most (a wake or an entry ends it sooner)
+COUNT = 100  # entries per key per read
+RETRY_S = 0.5  # the pause after a failed read (its followers are told; Redis may be restarting)
+WAKE_TTL_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """One event of a session's stream; ``id`` is its Redis entry id ("" for a synthesized ``done``)."""
+
+    id: str
+    event: str
+    data: dict[str, Any]
+
+
+def parse_entry_id(entry_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+def decode_entries(entries) -> list[StreamEntry]:
+    """One key's entries of an ``XREAD`` reply as ``StreamEntry``."""
+    return [StreamEntry(entry_id.decode(), fields[b"event"].decode(), json.loads(fields[b"data"]))
+            for entry_id, fields in entries]
+
+
+class Subscription:
+    """One follower's place in one stream: the entries it has been handed and not yet taken."""
+
+    def __init__(self, hub: StreamHub, key: str, after: str) -> None:
+        self.hub, self.key = hub, key
+        self.position = after  # the id of the last entry handed over (or the one to read after)
+        self._position = parse_entry_id(after)
+        self._buffer: list[StreamEntry] = []
+        self._error: RedisError | None = None
+        self._arrived = asyncio.Event()
+
+    def offer(self, entries: list[StreamEntry]) -> None:
+        """Keep the entries past this follower's position (the hub's read may start lower)."""
+        for entry in entries:
+            parsed = parse_entry_id(entry.id)
+            if parsed > self._position:
+                self._buffer.append(entry)
+                self._position, self.position = parsed, entry.id
+        if self._buffer:
+            self._arrived.set()
+
+    def fail(self, error: RedisError) -> None:
+        self._error = error
+        self._arrived.set()
+
+    def take(self) -> list[StreamEntry]:
+        """The entries handed over since the last take, in order; raises the hub's read error
+        once they are all taken."""
+        entries, self._buffer = self._buffer, []
+        if not entries and self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return entries
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until an entry (or the hub's error) arrives, or ``timeout_s``."""
+        if self._buffer or self._error is not None:
+            return
+        self._arrived.clear()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._arrived.wait()
+        except TimeoutError:
+            pass
+
+    def close(self) -> None:
+        self.hub.unsubscribe(self)
+
+
+class StreamHub:
+    """The reader of one event loop's streams (``subscribe``; ``Subscription.close`` when done)."""
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self.client = client
+        self.wake_key = f"specops:streamhub:{uuid.uuid4().hex}"
+        self._wake_id = "0-0"
+        self._followers: dict[str, list[Subscription]] = {}
+        self._task: asyncio.Task | None = None
+        self._reading: dict[str, str] | None = None  # the read in flight: key -> id
+        self._woken = False  # a wake is on its way for the read in flight
+
+    @property
+    def followed_keys(self) -> int:
+        return len(self._followers)
+
+    @property
+    def keys_in_flight(self) -> int:
+        """How many followed keys the read in flight covers (0 when none is)."""
+        return len(self._reading) - 1 if self._reading else 0
+
+    def subscribe(self, key: str, after: str = "0-0") -> Subscription:
+        subscription = Subscription(self, key, after)
+        self._followers.setdefault(key, []).append(subscription)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="specops-stream-hub")
+        elif self._reading is not None and not self._woken and (
+                key not in self._reading or parse_entry_id(self._reading[key]) > parse_entry_id(after)):
+            self._woken = True  # the read in flight does not cover this follower: end it now
+            asyncio.get_running_loop().create_task(self._wake())
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        followers = self._followers.get(subscription.key, [])
+        if subscription in followers:
+            followers.remove(subscription)
+        if not followers:
+            self._followers.pop(subscription.key, None)
+        if not self._followers and self._task is not None:
+            # Nothing left to read: stop now rather than block until the read times out (an event
+            # loop that closes meanwhile would destroy the pending task); redis-py drops the
+            # connection of a cancelled read, and the next subscribe starts a new task.
+            self._task.cancel()
+            self._task = None
+
+    async def _wake(self) -> None:
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                await pipe.xadd(self.wake_key, {"w": "1"}, maxlen=1, approximate=False).expire(
+                    self.wake_key, WAKE_TTL_S).execute()
+        except RedisError as exc:  # the read ends at its block timeout instead
+            logger.warning("stream hub: wake failed: %s", exc)
+
+    async def _run(self) -> None:
+        me = asyncio.current_task()
+        try:
+            while self._followers:
+                await self._read_once()
+        finally:
+            if self._task is me:
+                self._task = None
+
+    async def _read_once(self) -> None:
+        streams = {self.wake_key: self._wake_id}
+        for key, followers in self._followers.items():
+            streams[key] = min((f.position for f in followers), key=parse_entry_id)
+        self._reading, self._woken = streams, False
+        try:
+            batches = await self.client.xread(streams, block=BLOCK_MS, count=COUNT)
+        except RedisError as exc:
+            logger.warning("stream hub: read failed (%d streams): %s", len(streams) - 1, exc)
+            for followers in self._followers.values():
+                for follower in followers:
+                    follower.fail(exc)
+            await asyncio.sleep(RETRY_S)
+            return
+        finally:
+            self._reading = None
+        for raw_key, entries in batches or ():
+            key = raw_key.decode()
+            if key == self.wake_key:
+                self._wake_id = entries[-1][0].decode()
+                continue
+            decoded = decode_entries(entries)
+            for follower in list(self._followers.get(key, ())):
+                follower.offer(decoded)
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamHub] = weakref.WeakKeyDictionary()
+
+
+def hub_of(client: redis.asyncio.Redis) -> StreamHub:
+    """This event loop's hub (reading with ``client``, a client of the same loop)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None or hub.client is not client:
+        hub = _hubs[loop] = StreamHub(client)
+    return hub
