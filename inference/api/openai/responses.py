@@ -56,19 +56,21 @@ def reply(header: ReplyHeader, text: str, finish_reason: str, prompt_tokens: int
     return {**body, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def tool_call_reply(header: ReplyHeader, call: dict, prompt_tokens: int, completion_tokens: int) -> dict:
-    """The whole answer of a chat request whose reply is a tool call."""
-    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}
+def tool_call_reply(header: ReplyHeader, calls: list[dict], finish_reason: str, prompt_tokens: int,
+                    completion_tokens: int) -> dict:
+    """The whole answer of a chat request whose reply is tool calls (``finish_reason`` "tool_calls",
+    or "length" for calls a generation cut by ``max_tokens`` had finished)."""
+    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
     return {**header.base("chat.completion"),
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": "tool_calls"}],
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def tool_call_chunk(header: ReplyHeader, call: dict, include_usage: bool = False) -> dict:
-    """A stream chunk of the tool call (index 0): a whole call, its start, or more of its arguments
-    (``{"function": {"arguments": ...}}``)."""
+def tool_call_chunk(header: ReplyHeader, call: dict, index: int = 0, include_usage: bool = False) -> dict:
+    """A stream chunk of the reply's call number ``index``: a whole call, its start, or more of its
+    arguments (``{"function": {"arguments": ...}}``)."""
     body = chunk(header, None, include_usage=include_usage)
-    body["choices"][0]["delta"]["tool_calls"] = [{"index": 0, **call}]
+    body["choices"][0]["delta"]["tool_calls"] = [{"index": index, **call}]
     return body
 
 

@@ -7,6 +7,7 @@ Every refusal is an ``OpenAIError`` (400) whose ``param`` names the field.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ CHAT = "chat"
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 DEFAULT_TEMPERATURE = 1.0
 CHAT_ROLES = ("system", "developer", "user", "assistant")
+TOOL_ROLE = "tool"  # a tool's result: with a ``tool_call_id`` (not in CHAT_ROLES: schema.py's fuzzing has none)
+MESSAGES = "messages"
 
 
 def _is_absent(value: Any) -> bool:
@@ -98,7 +101,7 @@ class OpenAIRequest:
     kind: str
     model: str
     prompt: str | None = None  # completions
-    messages: list[dict[str, str]] = field(default_factory=list)  # chat completions
+    messages: list[dict[str, Any]] = field(default_factory=list)  # chat completions (_message)
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"
     temperature: float = DEFAULT_TEMPERATURE
@@ -111,7 +114,12 @@ class OpenAIRequest:
     include_usage: bool = False
     # a JSON object or a JSON schema the reply must follow (None: text), as the client sent it
     response_format: dict[str, Any] | None = None
-    tools: ToolCalling | None = None  # chat: the function the reply calls (tools.py)
+    tools: ToolCalling | None = None  # chat: the request's tools and tool_choice (tools.py)
+
+    @property
+    def calling(self) -> ToolCalling | None:
+        """The tool calling the reply may make: None without tools or with tool_choice "none"."""
+        return self.tools if self.tools is not None and self.tools.calls else None
 
     def generation_data(self, prompt: str) -> dict[str, Any]:
         """The body of a ``POST /api/v1/generations/`` for this request, with ``prompt`` rendered."""
@@ -119,7 +127,7 @@ class OpenAIRequest:
                                 "top_p": self.top_p, "stop": self.stop}
         optional = {"max_new_tokens": self.max_tokens, "seed": self.seed, "top_k": self.top_k,
                     "drafter": self.drafter,
-                    "response_format": self.tools.response_format() if self.tools else self.response_format}
+                    "response_format": self.calling.response_format() if self.calling else self.response_format}
         data.update({key: value for key, value in optional.items() if value is not None})
         return data
 
@@ -171,7 +179,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     if kind == COMPLETION:
         return OpenAIRequest(prompt=_prompt(body.get("prompt")), **common)
     tools = parse_tools(body)
-    if tools is not None and common["response_format"] is not None:
+    if tools is not None and tools.calls and common["response_format"] is not None:
         raise bad_param("response_format", "'response_format' cannot be combined with a tool call; set "
                         "'tool_choice' to 'none' for a structured reply.")
     return OpenAIRequest(messages=_messages(body.get("messages")), tools=tools, **common)
@@ -280,25 +288,81 @@ def _prompt(value: Any) -> str:
     raise unsupported("prompt", "a string; token-id prompts are not supported")
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any) -> list[dict[str, Any]]:
     if value is None:
         raise bad_param("messages", "you must provide messages.", code="missing_required_parameter")
     if not isinstance(value, list) or not value:
         raise bad_param("messages", "'messages' must be a non-empty list of messages.", code="invalid_type")
-    return [_message(index, message) for index, message in enumerate(value)]
+    messages = [_message(index, message) for index, message in enumerate(value)]
+    _check_tool_results(messages)
+    return messages
 
 
-def _message(index: int, message: Any) -> dict[str, str]:
-    where = f"messages[{index}]"
+def _message(index: int, message: Any) -> dict[str, Any]:
+    """A message as the prompt renders it (chat_template.py): role and text content, an
+    assistant's ``tool_calls`` (content then may be null), a tool result's ``tool_call_id``."""
+    where = f"{MESSAGES}[{index}]"
     if not isinstance(message, dict):
         raise bad_param(where, f"'{where}' must be an object with 'role' and 'content'.", code="invalid_type")
     role = message.get("role")
-    if role in ("tool", "function") or message.get("tool_calls") or message.get("function_call"):
-        raise unsupported(f"{where}.role" if role in ("tool", "function") else f"{where}.tool_calls",
-                          "no tool calls")
+    if role == "function" or message.get("function_call"):
+        raise unsupported(f"{where}.role" if role == "function" else f"{where}.function_call",
+                          "the deprecated function calls; use tools")
+    if role == TOOL_ROLE:
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise bad_param(f"{where}.tool_call_id", f"'{where}.tool_call_id' must be the id of the call it answers.",
+                            code="missing_required_parameter" if call_id is None else "invalid_type")
+        return {"role": role, "tool_call_id": call_id, "content": _content(f"{where}.content", message.get("content"))}
     if role not in CHAT_ROLES:
-        raise bad_param(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES)}; got {role!r}.")
+        raise bad_param(f"{where}.role", f"'{where}.role' must be one of {', '.join(CHAT_ROLES + (TOOL_ROLE,))}; "
+                        f"got {role!r}.")
+    calls = message.get("tool_calls")
+    if calls is not None and calls != []:
+        if role != "assistant":
+            raise bad_param(f"{where}.tool_calls", "only an assistant message has 'tool_calls'.")
+        if not isinstance(calls, list):
+            raise bad_param(f"{where}.tool_calls", f"'{where}.tool_calls' must be a list of calls.",
+                            code="invalid_type")
+        content = message.get("content")
+        return {"role": role, "content": None if content is None else _content(f"{where}.content", content),
+                "tool_calls": [_tool_call(f"{where}.tool_calls[{number}]", call) for number, call in enumerate(calls)]}
     return {"role": role, "content": _content(f"{where}.content", message.get("content"))}
+
+
+def _tool_call(where: str, call: Any) -> dict[str, Any]:
+    """One call of an assistant message, as this server's replies give them (arguments: JSON text)."""
+    if not isinstance(call, dict) or call.get("type", "function") != "function" \
+            or not isinstance(call.get("function"), dict):
+        raise bad_param(where, f"'{where}' must be {{'id': ..., 'type': 'function', 'function': {{'name', "
+                        "'arguments'}}}}.", code="invalid_type")
+    call_id, function = call.get("id"), call["function"]
+    if not isinstance(call_id, str) or not call_id:
+        raise bad_param(f"{where}.id", f"'{where}.id' must be a non-empty string.", code="invalid_type")
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(name, str) or not name:
+        raise bad_param(f"{where}.function.name", "a call names its function.", code="invalid_type")
+    if not isinstance(arguments, str):
+        raise bad_param(f"{where}.function.arguments", "a call's arguments are a JSON object, as a string.",
+                        code="invalid_type")
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise bad_param(f"{where}.function.arguments", "a call's arguments are a JSON object, as a string.")
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _check_tool_results(messages: list[dict[str, Any]]) -> None:
+    """A tool message answers a call of an earlier assistant message, by its id."""
+    called: set[str] = set()
+    for index, message in enumerate(messages):
+        called.update(call["id"] for call in message.get("tool_calls") or ())
+        if message["role"] == TOOL_ROLE and message["tool_call_id"] not in called:
+            param = f"{MESSAGES}[{index}].tool_call_id"
+            raise bad_param(param, f"'{param}' ({message['tool_call_id']!r}) answers no tool call of an earlier "
+                            "assistant message.")
 
 
 def _content(where: str, content: Any) -> str:

@@ -43,6 +43,7 @@ from inference.api.openai.serializers import (
     generation_error,
     parse_request,
 )
+from inference.api.openai.tools import NAMED, CallStream, call_object
 from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
 from inference.conf import conf
@@ -167,8 +168,8 @@ def _submit(request: OpenAIRequest, caller: Caller) -> Submission:
     try:
         with measure("validation"):
             directory = str(served_target(request.model).directory)
-            prompt = request.prompt if request.kind == COMPLETION else render_chat(tokenizer_for(directory),
-                                                                                   request.messages)
+            prompt = request.prompt if request.kind == COMPLETION else render_chat(
+                tokenizer_for(directory), request.messages, request.calling.tools() if request.calling else None)
             serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
             if not serializer.is_valid():
                 raise generation_error(serializer.errors, request)
@@ -276,17 +277,58 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
     if failure is not None:
         raise failure
     text = progress.text.full(final=True)
-    call = request.tools.call(text, submission.session_id) if request.tools else None
-    if call is not None:
-        return tool_call_reply(header, call, submission.prompt_tokens, progress.completion_tokens)
+    calls, whole = request.calling.parse(text, submission.session_id) if request.calling else ([], False)
+    if calls:
+        return tool_call_reply(header, calls, "tool_calls" if whole else progress.finish_reason(),
+                               submission.prompt_tokens, progress.completion_tokens)
     return reply(header, text, progress.finish_reason(), submission.prompt_tokens, progress.completion_tokens)
 
 
-def _piece(header: ReplyHeader, piece: str, tool_arguments: bool, with_usage: bool) -> dict:
-    """A stream chunk of text: the reply's content, or more of a named function's arguments."""
-    if tool_arguments:
-        return tool_call_chunk(header, {"function": {"arguments": piece}}, with_usage)
-    return chunk(header, piece, include_usage=with_usage)
+class _Deltas:
+    """The chunks of a reply's stream as its text grows: text deltas, a named function's arguments
+    (its id and name first), or an "auto"/"required" reply's text or whole calls (tools.CallStream)."""
+
+    def __init__(self, header: ReplyHeader, request: OpenAIRequest, submission: Submission) -> None:
+        self.header = header
+        self.calling = request.calling
+        self.named = self.calling is not None and self.calling.choice == NAMED
+        self.calls = CallStream(self.calling, submission.session_id) if self.calling and not self.named else None
+        self.session_id = submission.session_id
+        self.with_usage = request.include_usage
+        self.sent_calls = 0
+
+    def start(self) -> list[dict]:
+        if not self.named:
+            return []
+        return [tool_call_chunk(self.header, call_object(self.session_id, 0, self.calling.named, ""),
+                                include_usage=self.with_usage)]
+
+    def more(self, text: CompletionText, final: bool = False) -> list[dict]:
+        """The chunks for what ``text`` gained since the last call."""
+        if self.calls is None:
+            piece = text.delta(final)
+            if not piece:
+                return []
+            if self.named:
+                return [tool_call_chunk(self.header, {"function": {"arguments": piece}}, include_usage=self.with_usage)]
+            return [chunk(self.header, piece, include_usage=self.with_usage)]
+        full = text.full(final)
+        chunks = []
+        for call in self.calls.calls(full):
+            chunks.append(tool_call_chunk(self.header, call, self.sent_calls, self.with_usage))
+            self.sent_calls += 1
+        piece = self.calls.text(full, final)
+        if piece:
+            chunks.append(chunk(self.header, piece, include_usage=self.with_usage))
+        return chunks
+
+    def finish_reason(self, text: CompletionText, progress_reason: str) -> str:
+        """"tool_calls" when the reply is whole calls, else the generation's own reason."""
+        if self.calling is None:
+            return progress_reason
+        output = text.full(final=True)
+        whole = self.calling.parse(output, self.session_id)[1] if self.named else self.calls.whole(output)
+        return "tool_calls" if whole else progress_reason
 
 
 def _data(body: dict) -> str:
@@ -302,11 +344,11 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     """
     progress = _Progress(request, submission)
     with_usage = request.include_usage
+    deltas = _Deltas(header, request, submission)
     if header.kind == CHAT:
         yield _data(chunk(header, "", role=True, include_usage=with_usage))
-    named = request.tools is not None and request.tools.choice is not None
-    if named:  # its arguments stream as they come (tools.py)
-        yield _data(tool_call_chunk(header, request.tools.call_start(submission.session_id), with_usage))
+    for body in deltas.start():  # a named function's id and name, before any argument
+        yield _data(body)
     error = None
     if progress.done is None:
         try:
@@ -322,9 +364,8 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
                     else:
                         received = time.perf_counter()
                         progress.on(item)
-                        piece = progress.text.delta() if request.tools is None or named else ""
-                        if piece:
-                            yield _data(_piece(header, piece, named, with_usage))
+                        for body in deltas.more(progress.text):
+                            yield _data(body)
                         if item.event == "tokens":  # resumed once the server has sent the chunk
                             observe("streaming", time.perf_counter() - received)
         except RedisError:
@@ -337,14 +378,9 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
         yield _data(error.body())
         yield DONE
         return
-    call = request.tools.call(progress.text.full(final=True), submission.session_id) if request.tools else None
-    if named or call is None:
-        piece = progress.text.delta(final=True) if request.tools is None or named else progress.text.full(final=True)
-        if piece:
-            yield _data(_piece(header, piece, named, with_usage))
-    else:  # "required": the call whole, once generated
-        yield _data(tool_call_chunk(header, call, include_usage=with_usage))
-    finish = "tool_calls" if call is not None else progress.finish_reason()
+    for body in deltas.more(progress.text, final=True):
+        yield _data(body)
+    finish = deltas.finish_reason(progress.text, progress.finish_reason())
     yield _data(chunk(header, None, finish, include_usage=with_usage))
     if with_usage:
         yield _data(usage_chunk(header, submission.prompt_tokens, progress.completion_tokens))

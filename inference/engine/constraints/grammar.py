@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from inference.engine.config import GenerationConfig
 from inference.engine.constraints.matcher import GrammarMatcher
-from inference.engine.constraints.spec import ConstraintError, OutputConstraint
+from inference.engine.constraints.spec import GRAMMAR, ConstraintError, OutputConstraint
 from inference.engine.models.modeling import logits_width
 
 JSON_OPTIONS = {"whitespace_flexible": False}
@@ -31,7 +31,9 @@ _lock = threading.Lock()
 
 
 def grammar_text(constraint: OutputConstraint) -> str:
-    """The llguidance grammar of a constraint (not yet checked)."""
+    """The llguidance grammar of a constraint (not yet checked): a grammar constraint's own text."""
+    if constraint.kind == GRAMMAR:
+        return constraint.schema
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(constraint.schema_source,
                                                              overrides=JSON_OPTIONS)

@@ -4,6 +4,10 @@ Both APIs take the same object (`{"type": "text"}`, `{"type": "json_object"}`,
 `{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": ...}}`); a
 session stores it as given, and the worker reads it back here. A refusal is a ConstraintError
 whose message starts with the path of the field at fault (`response_format.json_schema.schema`).
+
+SpecOps adds one type of its own, `{"type": "grammar", "grammar": {"syntax": "lark", "definition":
+...}}` (the shape of OpenAI's grammar-constrained custom tools): an llguidance Lark grammar. The
+OpenAI API's tool calls travel to the worker as one (inference/api/openai/tools.py).
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from inference.engine.constraints.grammar import check_constraint
-from inference.engine.constraints.spec import JSON_OBJECT, JSON_SCHEMA, ConstraintError, OutputConstraint
+from inference.engine.constraints.spec import GRAMMAR, JSON_OBJECT, JSON_SCHEMA, ConstraintError, OutputConstraint
 
 TEXT = "text"
-TYPES = (TEXT, JSON_OBJECT, JSON_SCHEMA)
+TYPES = (TEXT, JSON_OBJECT, JSON_SCHEMA, GRAMMAR)
 JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
+GRAMMAR_FIELDS = ("syntax", "definition")
+LARK = "lark"
 
 
 def _refuse(path: str, rule: str) -> ConstraintError:
@@ -35,7 +41,7 @@ def constraint_from_response_format(value: Any, field: str = "response_format") 
     kind = value.get("type")
     if kind not in TYPES:
         raise _refuse(f"{field}.type", f"must be one of {', '.join(TYPES)}")
-    allowed = {"type"} | ({JSON_SCHEMA} if kind == JSON_SCHEMA else set())
+    allowed = {"type"} | ({kind} if kind in (JSON_SCHEMA, GRAMMAR) else set())
     unknown = sorted(set(value) - allowed)
     if unknown:
         raise _refuse(f"{field}.{unknown[0]}", f"unknown field for type {kind!r}")
@@ -43,6 +49,8 @@ def constraint_from_response_format(value: Any, field: str = "response_format") 
         return None
     if kind == JSON_OBJECT:
         return OutputConstraint(JSON_OBJECT)
+    if kind == GRAMMAR:
+        return _grammar(value.get(GRAMMAR), f"{field}.{GRAMMAR}")
     return _json_schema(value.get(JSON_SCHEMA), f"{field}.{JSON_SCHEMA}")
 
 
@@ -65,4 +73,23 @@ def _json_schema(spec: Any, path: str) -> OutputConstraint:
         check_constraint(constraint)
     except ConstraintError as error:
         raise _refuse(f"{path}.schema", str(error).removeprefix("constraint.schema: ")) from None
+    return constraint
+
+
+def _grammar(spec: Any, path: str) -> OutputConstraint:
+    if not isinstance(spec, dict):
+        raise _refuse(path, "must be an object with 'syntax' and 'definition'")
+    unknown = sorted(set(spec) - set(GRAMMAR_FIELDS))
+    if unknown:
+        raise _refuse(f"{path}.{unknown[0]}", f"unknown field; takes {', '.join(GRAMMAR_FIELDS)}")
+    if spec.get("syntax", LARK) != LARK:
+        raise _refuse(f"{path}.syntax", f"must be {LARK!r}")
+    definition = spec.get("definition")
+    if not isinstance(definition, str) or not definition.strip():
+        raise _refuse(f"{path}.definition", "must be a non-empty string (an llguidance Lark grammar)")
+    constraint = OutputConstraint.lark(definition)
+    try:
+        check_constraint(constraint)
+    except ConstraintError as error:
+        raise _refuse(f"{path}.definition", str(error).removeprefix("constraint.schema: ")) from None
     return constraint

@@ -14,7 +14,8 @@ from inference.engine.errors import ConfigError
 
 JSON_OBJECT = "json_object"
 JSON_SCHEMA = "json_schema"
-KINDS = (JSON_OBJECT, JSON_SCHEMA)
+GRAMMAR = "grammar"
+KINDS = (JSON_OBJECT, JSON_SCHEMA, GRAMMAR)
 
 
 class ConstraintError(ConfigError):
@@ -23,11 +24,13 @@ class ConstraintError(ConfigError):
 
 @dataclass(frozen=True)
 class OutputConstraint:
-    """The output must be a JSON object (`json_object`) or match a JSON schema (`json_schema`).
+    """The output must be a JSON object (`json_object`), match a JSON schema (`json_schema`), or
+    follow a grammar (`grammar`: llguidance's Lark syntax, which may inline JSON schemas with
+    `%json {...}`; the API's tool calls are one, inference/api/openai/tools.py).
 
-    `schema` is the schema as a JSON string (a dict would not hash); it is required for
-    `json_schema` and refused for `json_object`. Only the structure is checked here; whether the
-    grammar engine can compile the schema is `grammar.check_constraint`'s question.
+    `schema` is the schema as a JSON string (a dict would not hash), or the grammar's text; it is
+    required for `json_schema` and `grammar`, refused for `json_object`. Only the structure is
+    checked here; whether the grammar engine can compile it is `grammar.check_constraint`'s question.
     """
 
     kind: str
@@ -39,6 +42,10 @@ class OutputConstraint:
         if self.kind == JSON_OBJECT:
             if self.schema is not None:
                 raise ConstraintError("constraint.schema: must be empty for json_object")
+            return
+        if self.kind == GRAMMAR:
+            if not isinstance(self.schema, str) or not self.schema.strip():
+                raise ConstraintError("constraint.schema: a grammar constraint needs the grammar's text")
             return
         if not isinstance(self.schema, str):
             raise ConstraintError("constraint.schema: a json_schema constraint needs the schema as a JSON string")
@@ -54,6 +61,11 @@ class OutputConstraint:
         """A `json_schema` constraint from a schema dict (keys keep their order: properties are
         generated in the order the schema lists them)."""
         return cls(JSON_SCHEMA, json.dumps(schema, separators=(",", ":")))
+
+    @classmethod
+    def lark(cls, grammar: str) -> OutputConstraint:
+        """A `grammar` constraint from llguidance Lark text."""
+        return cls(GRAMMAR, grammar)
 
     @property
     def schema_source(self) -> str:

@@ -71,10 +71,10 @@ def test_models_and_protocol_errors(client, live_web, tiny_model):
     with pytest.raises(openai.BadRequestError) as hot:
         client.completions.create(model="tiny", prompt="x", temperature=3)
     assert hot.value.body["param"] == "temperature"
-    with pytest.raises(openai.BadRequestError) as tools:  # "auto", the default with tools
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                       tools=[{"type": "function", "function": {"name": "f"}}])
-    assert tools.value.body["param"] == "tool_choice"
+    with pytest.raises(openai.BadRequestError) as tools:  # a tool result that answers no call
+        client.chat.completions.create(model="tiny", tools=[{"type": "function", "function": {"name": "f"}}],
+                                       messages=[{"role": "tool", "tool_call_id": "call_1", "content": "hi"}])
+    assert tools.value.body["param"] == "messages[0].tool_call_id"
 
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{live_web.url}/v1", api_key="not-a-token", max_retries=0).models.list()

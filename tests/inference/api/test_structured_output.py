@@ -70,8 +70,8 @@ OTHER_TOOL = {"type": "function", "function": {"name": "count", "parameters": {
     "type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
     "additionalProperties": False}}}
 BAD_TOOLS = [
-    ({"tools": [TOOL]}, "tool_choice"),  # "auto", the default with tools
-    ({"tools": [TOOL], "tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [TOOL], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "a b"}}], "tool_choice": "required"},
      "tools[0].function.name"),
@@ -166,7 +166,8 @@ def test_the_openai_client_gets_tool_calls_streamed_or_not(client, tiny_model, c
     assert streamed_named[-1].choices[0].finish_reason == "tool_calls"
 
     chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_tokens=60, temperature=0,
-                                                 tools=[TOOL, OTHER_TOOL], tool_choice="required", stream=True))
+                                                 tools=[TOOL, OTHER_TOOL], tool_choice="required", stream=True,
+                                                 parallel_tool_calls=False))
     calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert len(calls) == 1 and chunks[-1].choices[0].finish_reason == "tool_calls"
     streamed = calls[0][0].function
