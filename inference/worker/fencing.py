@@ -58,13 +58,30 @@ def ran_last(status: str, finished_at: datetime | None, attempts: int, fence: in
         attempts == fence and status != SessionStatus.QUEUED and finished_at is not None)
 
 
+def bound_stall() -> None:
+    """End this transaction on the server if its run goes quiet inside it for a lease (call first
+    inside a fenced write's ``transaction.atomic``).
+
+    The locks a write takes would otherwise outlive a worker paused or cut off between its lock
+    and its commit (SIGSTOP, a frozen VM, a host off the network: the server waits on an idle
+    connection for hours): no other run could claim the session, and the reconciler's pass would
+    wait on the row too. ``SET LOCAL`` (``set_config(..., true)``): the transaction's alone, as
+    PgBouncer's transaction pooling needs. A run ended this way finds its connection gone; its
+    next write is checked against the fence as any other."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                       [str(max(1, round(conf.SESSION_LEASE_S * 1000)))])
+
+
 def lock_sessions(runs: Iterable[tuple[Hashable, int]]) -> dict[Hashable, tuple]:
     """Lock the sessions of ``runs`` ((session id, fence) pairs) until the transaction ends (call
     inside ``transaction.atomic``); their (status, finished_at, attempts) by id. A claim's UPDATE
-    waits for the lock, so what the caller writes commits before any later claim or not at all."""
+    waits for the lock, so what the caller writes commits before any later claim or not at all
+    (and no longer than a lease after the caller went quiet: `bound_stall`)."""
     ids = sorted({pk for pk, _ in runs}, key=str)
     if not ids:
         return {}
+    bound_stall()
     return {pk: (status, finished_at, attempts) for pk, status, finished_at, attempts in
             Session.objects.select_for_update(no_key=True).filter(pk__in=ids).order_by("pk")
             .values_list("pk", "status", "finished_at", "attempts")}

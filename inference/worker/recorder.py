@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from core import tracing
 from inference.conf import conf
-from inference.worker.fencing import lock_sessions, owns, ran_last
+from inference.worker.fencing import bound_stall, lock_sessions, owns, ran_last
 from metadata.models import Candidate, Session, TokenKind, TokenRecord
 from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
@@ -212,6 +212,7 @@ class BatchRecorder:
         """Inside the flush's transaction: the rows first, then the sessions' locks and the check
         (so a lease renewal is not held up behind rows that wait on PostgreSQL); when a run turns
         out stale, back to before the rows and write only those of the runs that may."""
+        bound_stall()  # the rows' locks too
         savepoint = transaction.savepoint()
         self._insert(flushes, None)
         current = lock_sessions(runs)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from django.db import connections
+from django.db import Error, connections, transaction
 from django.utils import timezone
 
 from inference.engine.batch.engine import BatchRequest, RowEvent
@@ -31,6 +32,7 @@ from inference.worker.fencing import (
     LeaseKeeper,
     claim,
     database_now,
+    lock_owned,
     renew_leases,
 )
 from inference.worker.lifecycle import finish_session
@@ -298,6 +300,40 @@ def test_the_lease_is_renewed_while_the_models_load_and_a_takeover_is_noticed(te
         Session.objects.filter(pk=session.pk).update(attempts=2)  # another run's claim (the keeper renews on)
         time.sleep(0.5)
     assert keeper.stale
+
+
+@pytest.mark.django_db(transaction=True)  # the stalled write is a real transaction; the claim, another thread's
+def test_a_run_stalled_inside_its_write_holds_the_session_no_longer_than_a_lease(tenant, target, settings):
+    """A worker paused or cut off between a write's lock and its commit (issue 27's pause and
+    partition across hosts) held the session row until it came back: no claim, no reconciler pass.
+    The database now ends such a transaction a lease after the run went quiet."""
+    settings.SPECOPS_SESSION_LEASE_S = 1
+    session = new_session(tenant, target)
+    assert claim(session) == 1
+    taken_over = {}
+
+    def another_worker() -> None:
+        try:
+            time.sleep(0.3)
+            started = time.monotonic()
+            lapse(session)  # waits on the stalled run's lock, as the reconciler's re-queue would
+            taken_over["fence"] = claim(Session.objects.get(pk=session.pk))
+            taken_over["waited"] = time.monotonic() - started
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=another_worker)
+    with pytest.raises(Error):  # terminating connection due to idle-in-transaction timeout
+        with transaction.atomic():
+            assert lock_owned({(session.pk, 1)}) == {(session.pk, 1)}
+            thread.start()
+            time.sleep(4)  # the run stalls with the lock held (a SIGSTOP, a partition)
+            Session.objects.filter(pk=session.pk).update(token_count=99)  # it wakes: its transaction is gone
+    connections["default"].close()
+    thread.join(timeout=10)
+    assert taken_over["fence"] == 2 and taken_over["waited"] < 3
+    row = Session.objects.get(pk=session.pk)
+    assert (row.attempts, row.token_count) == (2, 0)
 
 
 # ---- a real worker paused past its lease -----------------------------------------------------------
