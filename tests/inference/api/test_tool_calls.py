@@ -22,11 +22,14 @@ from inference.api.openai.chat_template import render_chat
 from inference.api.openai.serializers import CHAT, parse_request
 from inference.api.openai.tools import AUTO, CALL_OPEN, REQUIRED, CallStream, ToolCalling, parse_tools
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
+from inference.engine.batch.engine import BatchRequest
 from inference.engine.constraints import ConstraintError, OutputConstraint, constraint_from_response_format
 from inference.engine.decode.target_only import generate_plain
 from specops.celery import app
+from tests.inference.api.test_hostile_input import HOSTILE
 from tests.inference.api.test_validation import assert_nothing_written, empty_cpu_queue  # noqa: F401
 from tests.inference.engine.constraint_models import json_tokenizer, models, prompt_ids
+from tests.inference.engine.test_constraints_batch import _engine as batched_engine
 from tests.worker_process import start_worker, stop_worker
 
 pytest_plugins = ["tests.web_process"]  # live_web, for the client-driven tests
@@ -132,6 +135,18 @@ def test_greedy_speculative_output_under_the_tool_grammar_equals_the_constrained
             jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMETERS[call["function"]["name"]])
 
 
+def test_tool_grammar_rows_in_the_batched_engine_equal_their_target_alone():
+    target = models()[0]
+    rows = [({}, "draft_model"), ({}, "none"), ({"tool_choice": "required"}, "draft_model"),
+            ({"tool_choice": "required", "parallel_tool_calls": False}, "none")]
+    requests = [BatchRequest((str(fields), kind), prompt_ids(), _spec_config(parse_tools({"tools": TOOLS, **fields})),
+                             drafter=kind) for fields, kind in rows]
+    results = batched_engine("shared").run(requests, arrivals={requests[2].request_id: 2})
+    for request in requests:
+        reference = generate_plain(target, prompt_ids(), request.config, tokenizer=json_tokenizer())
+        assert results[request.request_id].token_ids == reference.token_ids, request.request_id
+
+
 def test_sampled_auto_replies_are_text_or_valid_calls():
     tools = parse_tools({"tools": TOOLS})
     target = models()[0]
@@ -222,6 +237,32 @@ def test_a_tool_message_must_answer_an_earlier_call(api_user, tiny_model, messag
     assert response.status_code == 400, response.content
     assert response.json()["error"]["param"] == param, response.json()
     assert_nothing_written()
+
+
+@pytest.mark.django_db
+def test_hostile_values_in_tools_and_tool_messages_are_never_a_server_error(api_user, tiny_model, settings):
+    settings.SPECOPS_OPENAI_TIMEOUT_S = 0.05  # no worker runs: a valid request's wait ends at once
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {Token.objects.create(user=api_user).key}")
+    failed = []
+    for value in HOSTILE:
+        for body in (
+            {"messages": [HISTORY[0], {"role": "assistant", "content": value, "tool_calls": [CALL]}]},
+            {"messages": [HISTORY[0], {"role": "assistant", "tool_calls": value}]},
+            {"messages": [HISTORY[0], {"role": "assistant", "tool_calls": [value]}]},
+            {"messages": [HISTORY[0], {"role": "assistant", "tool_calls": [{**CALL, "id": value}]}]},
+            {"messages": [HISTORY[0], {"role": "assistant", "tool_calls": [
+                {**CALL, "function": {"name": value, "arguments": "{}"}}]}]},
+            {"messages": [HISTORY[0], {"role": "assistant", "tool_calls": [
+                {**CALL, "function": {"name": "f", "arguments": json.dumps({"a": value})}}]}]},
+            {"messages": [*HISTORY[:2], {"role": "tool", "tool_call_id": value, "content": "r"}]},
+            {"messages": [*HISTORY[:2], {"role": "tool", "tool_call_id": "call_1", "content": value}]},
+            {"messages": HISTORY, "tools": [{"type": "function", "function": {"name": "f", "description": value}}]},
+        ):
+            response = client.post("/v1/chat/completions", json.dumps({"model": "tiny", "max_tokens": 2, "tools": TOOLS,
+                                                                       **body}), content_type="application/json")
+            if response.status_code >= 500 and not (response.status_code == 504 and b'"timeout"' in response.content):
+                failed.append(f"{body!r}: {response.status_code} {response.content[:200]!r}")
+    assert not failed
 
 
 # ---- the official client against the live server and a real worker ------------------------------
