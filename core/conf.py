@@ -23,6 +23,8 @@ SETTINGS = (
             "a stream with no event for this long ends with an explicit timeout event"),
     Setting("SPECOPS_STREAM_REDIS_CONNECTIONS", int, 8,
             "Redis connections one web process holds for all its open streams (one reads them all)"),
+    Setting("SPECOPS_METRICS_TOKEN", str, "",
+            "bearer token a scrape of /metrics must send (empty: /metrics only with DEBUG on, else a 404)"),
     # Tracing (core.tracing): one trace per generation, API request -> Celery task -> writes.
     Setting("SPECOPS_TRACING", str, "off", "span exporter: off (no-op tracer), console or otlp"),
     Setting("SPECOPS_TRACING_OTLP_ENDPOINT", str, "http://127.0.0.1:4318/v1/traces",

@@ -16,6 +16,12 @@ if [[ -z ${SECRET_KEY:-} && ! -s var/secret_key ]]; then
   (umask 077 && $PY -c "import secrets; print(secrets.token_urlsafe(50))" >var/secret_key)
   echo "created var/secret_key (the SECRET_KEY of this checkout; keep it private)"
 fi
+# /metrics answers a bearer token only (core/metrics_view.py): made once too, into var/metrics_token.
+if [[ -z ${SPECOPS_METRICS_TOKEN:-} ]]; then
+  [[ -s var/metrics_token ]] || (umask 077 && $PY -c "import secrets; print(secrets.token_urlsafe(32))" >var/metrics_token)
+  SPECOPS_METRICS_TOKEN=$(<var/metrics_token)
+  export SPECOPS_METRICS_TOKEN
+fi
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/prometheus}
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
@@ -95,7 +101,7 @@ SpecOps is running ($gpus GPU queue(s) + cpu + maintenance):
   API       http://$HOST:$PORT/api/v1/        (docs: http://$HOST:$PORT/api/docs/ once logged in to the admin)
   OpenAI    http://$HOST:$PORT/v1/            (model "demo")
   Admin     http://$HOST:$PORT/admin/          (the operator's login: printed above on first run)
-  Metrics   http://$HOST:$PORT/metrics
+  Metrics   http://$HOST:$PORT/metrics        (curl -H "Authorization: Bearer \$(cat var/metrics_token)" ...)
   API token: printed above on first run (tenant user "api", no admin rights; again:
              $PY manage.py drf_create_token api)
 Model "demo": the quick pair answers as soon as "demo build demo:quick-0 done" shows below; the

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularSwaggerView
 
+from core.metrics_view import metrics
 from core.schema_views import CachedSpectacularAPIView
 from ops.views import dashboard, latency_budget
 
@@ -21,5 +22,5 @@ urlpatterns = [
     # signed-in callers only, the schema built once per process, Swagger UI from the package (core.schema_views)
     path("api/schema/", CachedSpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("", include("django_prometheus.urls")),
+    path("metrics", metrics, name="prometheus-django-metrics"),  # a bearer token (core.metrics_view)
 ]

@@ -32,9 +32,10 @@ def test_swagger_ui_is_served_from_the_installed_package(admin_client):
 
 
 @pytest.mark.django_db
-def test_metrics_expose_django_counters(client):
+def test_metrics_expose_django_counters(client, settings):
+    settings.SPECOPS_METRICS_TOKEN = "t"  # core.metrics_view (tests/test_metrics_token.py)
     client.get("/api/schema/")
-    body = client.get("/metrics").content.decode()
+    body = client.get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode()
     assert "django_http_requests_total_by_method_total" in body
 
 

@@ -230,11 +230,14 @@ def test_metric_name_extraction():
 
 
 @pytest.mark.django_db
-def test_every_metric_used_is_exported_planned_or_external(api_client):
+def test_every_metric_used_is_exported_planned_or_external(api_client, settings):
+    from django.test import Client
+
+    settings.SPECOPS_METRICS_TOKEN = "t"  # core.metrics_view: Prometheus's bearer token, not an API token
     import_metric_modules()
     api_client.get("/api/v1/sessions/")  # a request that runs SQL, so the DB metrics have samples
     api_client.post("/api/v1/generations/", {"prompt": "x"}, format="json")
-    exported = exposition_names(api_client.get("/metrics").content.decode())
+    exported = exposition_names(Client().get("/metrics", HTTP_AUTHORIZATION="Bearer t").content.decode())
     assert "django_http_requests_latency_seconds_by_view_method_bucket" in exported
 
     used = used_metric_names()
@@ -280,7 +283,7 @@ promtool = shutil.which("promtool")
 
 
 @pytest.mark.parametrize("args", [
-    ["check", "config", "prometheus.yml"],
+    ["check", "config", "--syntax-only", "prometheus.yml"],  # the scrape's token file is the host's
     ["check", "rules", "alerts.yml"],
     ["test", "rules", "alerts_test.yml"],  # synthetic series: each alert fires on a breach, not below
 ])
