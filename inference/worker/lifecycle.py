@@ -218,8 +218,10 @@ def end_session(session: Session, status: str, *, error: str = "", finish_reason
             fields.update(status=SessionStatus.CANCELLED, finish_reason="cancelled", error="")
         Session.objects.filter(pk=session.pk).update(**fields)
         invalidate_session(session.pk)
-    token_stream.publish(session.pk, "done", {"status": fields["status"], "finish_reason": fields["finish_reason"],
-                                              "error": fields["error"]}, step=next_step, fence=session.attempts)
+    done = {"status": fields["status"], "finish_reason": fields["finish_reason"], "error": fields["error"]}
+    if stats and stats.get("cached_tokens"):  # the OpenAI usage's prompt_tokens_details.cached_tokens
+        done["cached_tokens"] = stats["cached_tokens"]
+    token_stream.publish(session.pk, "done", done, step=next_step, fence=session.attempts)
     return fields["status"]
 
 

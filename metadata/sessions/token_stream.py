@@ -2,7 +2,8 @@
 
 A Redis Stream (not pub/sub) so a client that connects late replays from the start and never
 misses a token; the key expires an hour after the last write. Events: ``tokens``
-``{step, token_ids, text}`` per verification step, then ``done`` ``{status, finish_reason, error}``.
+``{step, token_ids, text}`` per verification step, then ``done`` ``{status, finish_reason, error}``
+(and ``cached_tokens`` when the prefix cache held some of the prompt).
 
 ``afollow`` is the reader of the async web server (redis.asyncio, no thread; after its first read
 the process's stream hub reads for it, one blocking ``XREAD`` for all open streams): it resumes after a given entry id (the SSE ``Last-Event-ID``), reports

@@ -39,12 +39,15 @@ class ReplyHeader:
         return body
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage; ``cached_tokens``: prompt tokens the device's prefix cache held (not prefilled)."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def reply(header: ReplyHeader, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
+def reply(header: ReplyHeader, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+          cached_tokens: int = 0) -> dict:
     """The whole answer of a non-streaming request."""
     if header.kind == CHAT:
         choice = {"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
@@ -53,17 +56,17 @@ def reply(header: ReplyHeader, text: str, finish_reason: str, prompt_tokens: int
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         body = header.base("text_completion")
-    return {**body, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
+    return {**body, "choices": [choice], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def tool_call_reply(header: ReplyHeader, calls: list[dict], finish_reason: str, prompt_tokens: int,
-                    completion_tokens: int) -> dict:
+                    completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The whole answer of a chat request whose reply is tool calls (``finish_reason`` "tool_calls",
     or "length" for calls a generation cut by ``max_tokens`` had finished)."""
     message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
     return {**header.base("chat.completion"),
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def tool_call_chunk(header: ReplyHeader, call: dict, index: int = 0, include_usage: bool = False) -> dict:
@@ -94,7 +97,7 @@ def chunk(header: ReplyHeader, text: str | None, finish_reason: str | None = Non
     return body
 
 
-def usage_chunk(header: ReplyHeader, prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_chunk(header: ReplyHeader, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     """The extra last chunk of ``stream_options.include_usage``: no choices, the usage."""
     object_name = "chat.completion.chunk" if header.kind == CHAT else "text_completion"
-    return {**header.base(object_name), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+    return {**header.base(object_name), "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

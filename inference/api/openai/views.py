@@ -239,6 +239,11 @@ class _Progress:
     def finish_reason(self) -> str:
         return openai_finish_reason(self.done.get("finish_reason") or "", self.text.stopped)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the worker's prefix cache held (its done event says; 0 when it does not)."""
+        return int((self.done or {}).get("cached_tokens") or 0)
+
 
 def _cancel_session(session_id: str) -> None:
     cancel_sessions(Session.objects.filter(pk=session_id))
@@ -280,8 +285,9 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
     calls, whole = request.calling.parse(text, submission.session_id) if request.calling else ([], False)
     if calls:
         return tool_call_reply(header, calls, "tool_calls" if whole else progress.finish_reason(),
-                               submission.prompt_tokens, progress.completion_tokens)
-    return reply(header, text, progress.finish_reason(), submission.prompt_tokens, progress.completion_tokens)
+                               submission.prompt_tokens, progress.completion_tokens, progress.cached_tokens)
+    return reply(header, text, progress.finish_reason(), submission.prompt_tokens, progress.completion_tokens,
+                 progress.cached_tokens)
 
 
 class _Deltas:
@@ -383,5 +389,5 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     finish = deltas.finish_reason(progress.text, progress.finish_reason())
     yield _data(chunk(header, None, finish, include_usage=with_usage))
     if with_usage:
-        yield _data(usage_chunk(header, submission.prompt_tokens, progress.completion_tokens))
+        yield _data(usage_chunk(header, submission.prompt_tokens, progress.completion_tokens, progress.cached_tokens))
     yield DONE

@@ -28,6 +28,9 @@ def test_the_second_turn_adopts_the_first_from_the_prefix_cache_and_is_still_the
         second_prompt = first_prompt + first["text"] + "\n\ndef sub(a, b):\n"
         second_id = generation(api_client, second_prompt, 24)
         second = wait_for(lambda: finished(api_client, second_id), timeout=120, what="the second turn")
+        # a third turn through the OpenAI API: its usage says what the cache held
+        third = api_client.post("/v1/completions", {"model": tiny_model.name, "prompt": second_prompt + second["text"],
+                                                    "max_tokens": 4, "temperature": 0}, format="json")
     finally:
         stop_worker(worker)
     assert first["status"] == second["status"] == "succeeded", (first["error"], second["error"])
@@ -36,6 +39,10 @@ def test_the_second_turn_adopts_the_first_from_the_prefix_cache_and_is_still_the
     # whole 16-token blocks of the first turn's prompt and reply, at least its prompt's
     assert second["stats"]["cached_tokens"] >= 16 * (first["stats"]["prompt_tokens"] // 16) > 0
     assert second["stats"]["prefill_tokens"] == context - second["stats"]["cached_tokens"]
+    assert third.status_code == 200, third.content
+    usage = third.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= second["stats"]["cached_tokens"] > 0
+    assert usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
     assert_ended_once(api_client, second_id, target_greedy(tiny_model.directory, second_prompt, 24))
     ids = tokenizer_for(str(tiny_model.directory))(second_prompt)["input_ids"]
     recorded = [affinity.RECORD_PREFIX + digest for digest in affinity.block_hashes(tiny_model.pk, ids)]
