@@ -347,7 +347,7 @@ def _tool_call(where: str, call: Any) -> dict[str, Any]:
                         code="invalid_type")
     try:
         parsed = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the decoder goes
         parsed = None
     if not isinstance(parsed, dict):
         raise bad_param(f"{where}.function.arguments", "a call's arguments are a JSON object, as a string.")
