@@ -5,6 +5,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -183,7 +184,7 @@ async def _session_events(pk, after: str, staff: bool = False, slot: StreamSlot 
                     if item.event == "done" and data.get("error"):  # the stored detail is for staff
                         data = {**data, **public_error(data["error"], staff=staff)}
                     yield sse_message(json.dumps(data), event=item.event, event_id=item.id or None)
-    except RedisError as exc:  # the stream ends with an event that says why, never silently
+    except (RedisError, DatabaseError) as exc:  # the stream ends with an event that says why, never silently
         logger.warning("stream of session %s: %s", pk, exc)
         detail = "the token stream is unavailable; reconnect with Last-Event-ID to resume."
         yield sse_message(json.dumps({"detail": detail}), event="error")

@@ -1,0 +1,419 @@
+"""Hostile load on one web process and one worker: thousands of open streams, a noisy tenant.
+
+Starts its own services on a database of its own (``specops_bench_abuse``, dropped at the end
+unless ``--keep``) and a Redis database of its own (``--redis-db``, flushed first): one web
+process (gunicorn with one uvicorn worker, as ``scripts/run.sh`` runs it) and one batching Celery
+worker with a tiny random model pair (built in seconds under ``var/bench-models``). The throttles
+are off (one client makes every request); the tenant quotas and the fair admission are on.
+
+1. **Streams.** ``GET /api/v1/models/`` is timed every 20 ms for ``--probe-s`` seconds alone
+   (the baseline), then ``--streams`` session streams are opened (``GET
+   /api/v1/sessions/{id}/stream/`` on queued sessions of a tenant of their own, which no worker
+   runs) and the same probe runs while they are all open; the Redis connections the web process
+   holds for them are counted (``CLIENT LIST``). Then a ``done`` is published on every stream (as
+   a worker ends a session) and each stream must end with it.
+2. **Noisy tenant.** ``--quiet-clients`` clients of a quiet tenant each make ``--quiet-requests``
+   generations, one every ``--quiet-interval-s``, and time each one's first token (``POST
+   /api/v1/generations/`` to the first ``tokens`` event of its stream): alone, then while a noisy
+   tenant submits ``--noisy-factor`` times the quiet tenant's rate of longer generations
+   (``--noisy-tokens`` each; past its quota it gets 429s and keeps flooding).
+
+A server error is any 5xx or failed connection, in every phase.
+
+    .venv/bin/python bench/abuse.py [--streams 2000] [--probe-s 10]
+
+Last line: ``RESULT streams_open=<n> other_p95_ms=<x> quiet_ttft_loaded_over_alone=<x>
+server_errors=<n>`` (``other_p95_ms``: the probe's p95 while the streams were open; the quiet
+tenant's TTFT p95 while the noisy one floods, over its TTFT p95 alone).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import multiprocessing as mp
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import (  # noqa: E402
+    ADMIN_URL,
+    NO_THROTTLES,
+    database_url,
+    drop_database,
+    free_port,
+    percentile,
+    recreate_database,
+    register_tiny_pair,
+    say,
+    stop_process_group,
+)
+from bench.streams import start, wait_http  # noqa: E402
+
+BENCH_DB = "specops_bench_abuse"
+PROBE_PATH = "/api/v1/models/"
+TENANTS = ("streams", "quiet", "noisy")
+
+
+def bench_environment(args) -> dict[str, str]:
+    """The environment of this process and of the services it starts."""
+    env = {
+        "DATABASE_URL": database_url(args.admin_url, BENCH_DB), "DATABASE_REPLICA_URLS": "",
+        "REDIS_URL": f"redis://127.0.0.1:6379/{args.redis_db}",
+        "SPECOPS_MODEL_DIR": str(ROOT / "var" / "bench-models"), "HF_HUB_OFFLINE": "1",
+        "DJANGO_SETTINGS_MODULE": "specops.settings", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(40),
+        **NO_THROTTLES,  # one client makes every request; the tenant quotas stay on
+        "SPECOPS_MAX_BATCH": str(args.max_batch),
+        "OMP_NUM_THREADS": "1",  # as scripts/run.sh starts workers
+    }
+    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # both are REDIS_URL's database
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    return env
+
+
+def prepare(args) -> tuple[dict[str, str], str, list[str]]:
+    """Migrate, register the tiny pair, make the tenants and their tokens, and the queued sessions
+    the streams follow; return (token per tenant, model name, those sessions' ids)."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.db import connections
+    from rest_framework.authtoken.models import Token
+
+    from inference.models import ModelVersion
+    from metadata.models import Session, Tenant, TenantMembership
+    from metadata.sessions import token_stream
+
+    token_stream.client().flushdb()
+    call_command("migrate", verbosity=0)
+    model = register_tiny_pair()
+    tokens = {}
+    for name in TENANTS:
+        tenant = Tenant.objects.create(name=f"bench-{name}")
+        if name == "streams":  # its own limit, above the streams this bench opens
+            tenant.max_open_streams = args.streams + 100
+            tenant.save(update_fields=["max_open_streams"])
+        user = get_user_model().objects.create_user(f"bench-{name}", password=secrets.token_urlsafe(12))
+        TenantMembership.objects.create(user=user, tenant=tenant)
+        tokens[name] = Token.objects.create(user=user).key
+    target = ModelVersion.objects.get(name=model, role="target", status="active")
+    streams_tenant = Tenant.objects.get(name="bench-streams")
+    # Queued sessions that no task was sent for: their streams stay open, heartbeating, until told.
+    sessions = Session.objects.bulk_create(
+        Session(tenant=streams_tenant, target=target, drafter="ngram", queue="unserved", prompt="x", prompt_tokens=1)
+        for _ in range(args.streams))
+    connections.close_all()
+    return tokens, model, [str(s.pk) for s in sessions]
+
+
+def probe(base_url: str, token: str, seconds: float, interval_s: float, results) -> None:
+    """Time GET /api/v1/models/ for ``seconds`` (another process: the client's loop is busy)."""
+    import httpx2
+
+    latencies, statuses = [], collections.Counter()
+    deadline = time.monotonic() + seconds
+    with httpx2.Client(base_url=base_url, headers={"Authorization": f"Token {token}"}, timeout=30) as client:
+        while time.monotonic() < deadline:
+            started = time.perf_counter()
+            try:
+                statuses[client.get(PROBE_PATH).status_code] += 1
+            except httpx2.HTTPError as exc:
+                statuses[type(exc).__name__] += 1
+            latencies.append((time.perf_counter() - started) * 1000)
+            time.sleep(max(0.0, interval_s - (time.perf_counter() - started)))
+    results.put((latencies, dict(statuses)))
+
+
+def run_probe(args, base_url: str, token: str, statuses: collections.Counter) -> list[float]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    process = ctx.Process(target=probe, args=(base_url, token, args.probe_s, args.probe_interval_s, results))
+    process.start()
+    latencies, probe_statuses = results.get(timeout=args.probe_s + 120)
+    process.join()
+    statuses.update(probe_statuses)
+    return latencies
+
+
+def stream_connections(redis_db: int) -> int:
+    """Connections of the web process's stream pool (``client_name`` specops-streams) in our database."""
+    import redis
+    from django.conf import settings
+
+    return sum(1 for c in redis.Redis.from_url(settings.REDIS_URL).client_list()
+               if c.get("name") == "specops-streams" and int(c.get("db", -1)) == redis_db)
+
+
+class Streams:
+    """The open streams: how many answered 200 and are open, how many ended with ``done``."""
+
+    def __init__(self) -> None:
+        self.open = self.peak = self.done = 0
+        self.errors: list[str] = []
+
+    async def follow(self, client, session_id: str, statuses: collections.Counter) -> None:
+        counted = False
+        try:
+            async with client.stream("GET", f"/api/v1/sessions/{session_id}/stream/") as response:
+                statuses[response.status_code] += 1
+                if response.status_code != 200:
+                    self.errors.append(f"HTTP {response.status_code}")
+                    return
+                self.open += 1
+                self.peak = max(self.peak, self.open)
+                counted = True
+                async for line in response.aiter_lines():
+                    if line.startswith("event: done"):
+                        self.done += 1
+                        return
+                    if line.startswith("event:") and "tokens" not in line:
+                        self.errors.append(line)
+                        return
+        except Exception as exc:  # noqa: BLE001 (every failure of a stream is counted)
+            statuses[type(exc).__name__] += 1
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:160])
+        finally:
+            if counted:
+                self.open -= 1
+
+
+async def open_streams(args, base_url: str, tokens: dict, sessions: list[str], statuses, log) -> dict:
+    """Open a stream on every session, probe while they are open, then end them all."""
+    import httpx2
+
+    from metadata.sessions import token_stream
+
+    limits = httpx2.Limits(max_connections=len(sessions) + 50, max_keepalive_connections=len(sessions) + 50)
+    streams = Streams()
+    async with httpx2.AsyncClient(base_url=base_url, headers={"Authorization": f"Token {tokens['streams']}"},
+                                  timeout=httpx2.Timeout(60, read=120), limits=limits) as client:
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(streams.follow(client, s, statuses)) for s in sessions]
+        while streams.open + len(streams.errors) < len(sessions) and time.perf_counter() - started < 300:
+            await asyncio.sleep(0.1)
+        log(f"{streams.open} streams open ({len(streams.errors)} failed) in {time.perf_counter() - started:.1f} s")
+        connections = stream_connections(args.redis_db)
+        loaded = await asyncio.to_thread(run_probe, args, base_url, tokens["quiet"], statuses)
+        connections = max(connections, stream_connections(args.redis_db))
+        open_at_end = streams.open
+        ended = time.perf_counter()
+        for first in range(0, len(sessions), 500):  # as workers end sessions: one done each
+            token_stream.publish_many([token_stream.StreamEvent(s, "done", {
+                "status": "cancelled", "finish_reason": "cancelled", "error": ""}) for s in sessions[first:first + 500]])
+        async with asyncio.timeout(120):
+            await asyncio.gather(*tasks)
+        log(f"{streams.done} streams ended with their done {time.perf_counter() - ended:.1f} s after it was published")
+    return {"streams": streams, "loaded": loaded, "connections": connections, "open_at_end": open_at_end}
+
+
+async def first_token_ms(client, model: str, max_tokens: int, number: int, statuses) -> tuple[float | None, str]:
+    """POST a generation and read its stream to the end; (ms from the POST to the first tokens
+    event, the session's id)."""
+    started = time.perf_counter()
+    body = {"prompt": f"def quiet_{number}(x):\n    ", "model": model, "max_new_tokens": max_tokens,
+            "temperature": 0.8}  # sampled: the prediction cache does not answer it
+    response = await client.post("/api/v1/generations/", json=body)
+    statuses[response.status_code] += 1
+    if response.status_code != 202:
+        return None, ""
+    first, session_id = None, response.json()["id"]
+    async with client.stream("GET", f"/api/v1/sessions/{session_id}/stream/") as stream:
+        statuses[stream.status_code] += 1
+        async for line in stream.aiter_lines():
+            if line.startswith("event: tokens") and first is None:
+                first = (time.perf_counter() - started) * 1000
+            elif line.startswith("event:") and "tokens" not in line:
+                break
+    return first, session_id
+
+
+async def quiet_tenant(args, client, model: str, statuses, phase: int) -> tuple[list[float], list[str]]:
+    """Each quiet client's generations, one every ``--quiet-interval-s``: (TTFTs in ms, session ids)."""
+    async def one_client(number: int) -> list[tuple[float, str]]:
+        measured = []
+        for request in range(args.quiet_requests):
+            began = time.perf_counter()
+            try:
+                ms, session_id = await first_token_ms(client, model, args.quiet_tokens,
+                                                      phase * 100_000 + number * 1000 + request, statuses)
+            except httpx_error() as exc:
+                statuses[type(exc).__name__] += 1
+                ms = None
+            if ms is not None:
+                measured.append((ms, session_id))
+            await asyncio.sleep(max(0.0, args.quiet_interval_s - (time.perf_counter() - began)))
+        return measured
+
+    pairs = [pair for measured in await asyncio.gather(*(one_client(n) for n in range(args.quiet_clients)))
+             for pair in measured]
+    return [ms for ms, _ in pairs], [session_id for _, session_id in pairs]
+
+
+def httpx_error():
+    import httpx2
+
+    return httpx2.HTTPError
+
+
+async def noisy_tenant(args, client, model: str, statuses, stop: asyncio.Event) -> int:
+    """Submit generations at ``--noisy-factor`` times the quiet tenant's rate, whatever the answers."""
+    rate = args.noisy_factor * args.quiet_clients / args.quiet_interval_s
+    submitted, pending = 0, set()
+
+    async def submit(number: int) -> None:
+        body = {"prompt": f"class Noisy{number}:\n    ", "model": model, "max_new_tokens": args.noisy_tokens,
+                "temperature": 0.8}
+        try:
+            statuses[(await client.post("/api/v1/generations/", json=body)).status_code] += 1
+        except httpx_error() as exc:
+            statuses[type(exc).__name__] += 1
+
+    started = time.perf_counter()
+    while not stop.is_set():
+        task = asyncio.create_task(submit(submitted))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        submitted += 1
+        await asyncio.sleep(max(0.0, started + submitted / rate - time.perf_counter()))
+    await asyncio.gather(*pending)
+    return submitted
+
+
+async def tenants(args, base_url: str, tokens: dict, model: str, statuses, log) -> dict:
+    import httpx2
+
+    def client_of(name: str):
+        return httpx2.AsyncClient(base_url=base_url, headers={"Authorization": f"Token {tokens[name]}"},
+                                  timeout=httpx2.Timeout(60, read=120),
+                                  limits=httpx2.Limits(max_connections=200, max_keepalive_connections=200))
+
+    async with client_of("quiet") as quiet, client_of("noisy") as noisy:
+        warm, _ = await first_token_ms(quiet, model, args.quiet_tokens, -1, statuses)  # the worker loads the pair
+        log(f"warm-up generation: first token {warm or float('nan'):.0f} ms")
+        alone, alone_ids = await quiet_tenant(args, quiet, model, statuses, 1)
+        log(f"quiet alone: {len(alone)} generations, TTFT p50 {percentile(alone, 0.5):.0f} ms, "
+            f"p95 {percentile(alone, 0.95):.0f} ms")
+        stop = asyncio.Event()
+        flood = asyncio.create_task(noisy_tenant(args, noisy, model, statuses, stop))
+        await asyncio.sleep(args.noisy_lead_s)  # the noisy tenant's backlog builds up first
+        flood_started = time.time()
+        loaded, loaded_ids = await quiet_tenant(args, quiet, model, statuses, 2)
+        flood_ended = time.time()
+        stop.set()
+        submitted = await flood
+        log(f"quiet while the noisy tenant floods ({submitted} submitted): {len(loaded)} generations, "
+            f"TTFT p50 {percentile(loaded, 0.5):.0f} ms, p95 {percentile(loaded, 0.95):.0f} ms")
+    return {"alone": alone, "loaded": loaded, "alone_ids": alone_ids, "loaded_ids": loaded_ids,
+            "window": (flood_started, flood_ended)}
+
+
+def noisy_share(window: tuple[float, float]) -> float:
+    """The noisy tenant's share of the tokens of the sessions that ended in the window."""
+    from datetime import UTC, datetime
+
+    from django.db.models import Sum
+
+    from metadata.models import Session
+
+    began, ended = (datetime.fromtimestamp(t, UTC) for t in window)
+    made = {row["tenant__name"]: row["tokens"] or 0 for row in Session.objects.filter(
+        finished_at__gte=began, finished_at__lte=ended, tenant__name__in=("bench-quiet", "bench-noisy"))
+        .values("tenant__name").annotate(tokens=Sum("token_count"))}
+    total = sum(made.values())
+    return made.get("bench-noisy", 0) / total if total else float("nan")
+
+
+def queue_waits_ms(session_ids: list[str]) -> list[float]:
+    """Each session's wait from its row's creation to its worker's claim (a free batch slot)."""
+    from metadata.models import Session
+
+    return [(started - created).total_seconds() * 1000 for created, started in Session.objects.filter(
+        pk__in=session_ids, started_at__isnull=False).values_list("created_at", "started_at")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=2000)
+    parser.add_argument("--probe-s", type=float, default=10.0)
+    parser.add_argument("--probe-interval-s", type=float, default=0.02)
+    parser.add_argument("--max-batch", type=int, default=8, help="SPECOPS_MAX_BATCH of the worker")
+    parser.add_argument("--quiet-clients", type=int, default=2)
+    parser.add_argument("--quiet-requests", type=int, default=15, help="generations per quiet client and phase")
+    parser.add_argument("--quiet-interval-s", type=float, default=1.0)
+    parser.add_argument("--quiet-tokens", type=int, default=16)
+    parser.add_argument("--noisy-factor", type=float, default=10.0)
+    parser.add_argument("--noisy-tokens", type=int, default=16)
+    parser.add_argument("--noisy-lead-s", type=float, default=3.0)
+    parser.add_argument("--admin-url", default=ADMIN_URL)
+    parser.add_argument("--redis-db", type=int, default=10)
+    parser.add_argument("--keep", action="store_true", help="keep the bench database and logs")
+    args = parser.parse_args()
+
+    env = bench_environment(args)
+    log_dir = ROOT / "var" / "bench-abuse"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    recreate_database(args.admin_url, BENCH_DB)
+    processes: list[subprocess.Popen] = []
+    statuses: collections.Counter = collections.Counter()
+    try:
+        tokens, model, sessions = prepare(args)
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        processes.append(start("web", [str(ROOT / ".venv/bin/gunicorn"), "specops.asgi:application",
+                                       "-c", "specops/gunicorn_conf.py", "--bind", f"127.0.0.1:{port}",
+                                       "--workers", "1"], env, log_dir))
+        processes.append(start("worker", [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", "cpu",
+                                          "--pool", "threads", "--concurrency", str(args.max_batch),
+                                          "--prefetch-multiplier", "1", "-n", "bench-abuse@%h", "--without-gossip",
+                                          "--without-mingle", "-l", "INFO"],
+                               {**env, "DATABASE_POOL_MAX_SIZE": str(args.max_batch + 4)}, log_dir))
+        wait_http(f"{base_url}/v1/models")
+        say(f"web: one gunicorn uvicorn worker at {base_url}; worker: threads pool, SPECOPS_MAX_BATCH={args.max_batch}")
+        alone = run_probe(args, base_url, tokens["quiet"], statuses)
+        say(f"GET {PROBE_PATH} alone: {len(alone)} requests, p50 {percentile(alone, 0.5):.1f} ms, "
+            f"p95 {percentile(alone, 0.95):.1f} ms")
+        opened = asyncio.run(open_streams(args, base_url, tokens, sessions, statuses, say))
+        loaded = opened["loaded"]
+        say(f"GET {PROBE_PATH} with {opened['open_at_end']} streams open: {len(loaded)} requests, "
+            f"p50 {percentile(loaded, 0.5):.1f} ms, p95 {percentile(loaded, 0.95):.1f} ms, "
+            f"p99 {percentile(loaded, 0.99):.1f} ms; the web process's stream connections to Redis: "
+            f"{opened['connections']}")
+        fair = asyncio.run(tenants(args, base_url, tokens, model, statuses, say))
+        share = noisy_share(fair["window"])
+        waits = {phase: queue_waits_ms(fair[f"{phase}_ids"]) for phase in ("alone", "loaded")}
+    finally:
+        for process in reversed(processes):
+            stop_process_group(process)
+        if not args.keep:
+            from django.db import connections
+
+            connections.close_all()
+            drop_database(args.admin_url, BENCH_DB)
+
+    streams: Streams = opened["streams"]
+    errors = sum(n for status, n in statuses.items() if not isinstance(status, int) or status >= 500)
+    ttft_ratio = percentile(fair["loaded"], 0.95) / percentile(fair["alone"], 0.95)
+    say(f"responses: {dict(sorted(statuses.items(), key=str))}")
+    say(f"streams: {streams.peak} open at once, {streams.done} ended with done, {len(streams.errors)} errors"
+        + (f" (e.g. {streams.errors[:3]})" if streams.errors else ""))
+    say(f"quiet TTFT p95: alone {percentile(fair['alone'], 0.95):.0f} ms, while the noisy tenant floods "
+        f"{percentile(fair['loaded'], 0.95):.0f} ms (of which the wait for a batch slot: p95 "
+        f"{percentile(waits['alone'], 0.95):.0f} ms alone, {percentile(waits['loaded'], 0.95):.0f} ms loaded); "
+        f"the noisy tenant's share of the tokens meanwhile: {share:.2f}")
+    say(f"baseline: other_p95_ms alone {percentile(alone, 0.95):.1f}")
+    say(f"RESULT streams_open={opened['open_at_end']} other_p95_ms={percentile(loaded, 0.95):.1f} "
+        f"quiet_ttft_loaded_over_alone={ttft_ratio:.2f} server_errors={errors}")
+
+
+if __name__ == "__main__":
+    main()
