@@ -131,7 +131,8 @@ class GenerationRequestSerializer(serializers.Serializer):
         required=False, allow_null=True,
         help_text='OpenAI\'s object: {"type": "text"} (default), {"type": "json_object"}, or '
                   '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}; the output is '
-                  "then JSON that follows it (docs/structured-output.md).")
+                  "then JSON that follows it; or SpecOps' "
+                  '{"type": "grammar", "grammar": {"syntax": "lark", "definition": ...}} (docs/structured-output.md).')
 
     def to_internal_value(self, data: Any) -> dict:
         """Refuse fields this endpoint does not take, by name: a misspelt or foreign field (OpenAI's
