@@ -5,8 +5,9 @@ plain async views (the OpenAI protocol, the SSE streams) through ``throttle_wait
 read from its setting on every request (``SPECOPS_THROTTLE_*``: ``<count>/<s|min|hour|day>`` or
 ``none``), so a test or an operator's override applies at once.
 
-Counting: a fixed window per rate (one ``INCR`` + ``EXPIRE`` in one round trip), not DRF's
-sliding log, which stores every timestamp of the window in one cache value (6,000 floats read
+Counting: a fixed window per rate (``INCR`` + ``EXPIRE``), every limit of a request in one
+round trip (a pipeline: DRF asks each throttle in turn, so the first one asked counts the
+request against all of the view's throttles and the others read their count), not DRF's sliding log, which stores every timestamp of the window in one cache value (6,000 floats read
 and rewritten per request at the tenant rate) and loses counts when two processes race. A
 window lets a client burst up to twice the rate across a window boundary; ``Retry-After`` is the
 time left in the window. When Redis cannot be reached the request is let through (logged): a
@@ -26,12 +27,14 @@ from rest_framework import throttling
 from core.conf import conf
 
 logger = logging.getLogger(__name__)
+COUNTS_ATTR = "_specops_throttle_counts"  # on the request: window key -> count (None: Redis down)
 
 
 class WindowRateThrottle(throttling.SimpleRateThrottle):
     """A fixed-window counter in the "default" (Redis) cache; subclasses name the setting and key."""
 
     setting_name: str = ""
+    counted_key: str | None = None  # the window ``count_requests`` counted this request in
 
     def get_rate(self) -> str | None:
         value = getattr(conf, self.setting_name).strip()
@@ -45,25 +48,35 @@ class WindowRateThrottle(throttling.SimpleRateThrottle):
         ident = self.ident(request)
         return None if ident is None else f"throttle:{self.scope}:{ident}"
 
-    def allow_request(self, request, view) -> bool:
+    def window_key(self, request, view) -> str | None:
+        """The Redis key of the current window for this request, or None: not limited by this throttle.
+
+        Sets ``now`` and ``window_end`` (``wait`` reads them).
+        """
         if self.rate is None:
-            return True
+            return None
         key = self.get_cache_key(request, view)
         if key is None:
-            return True
+            return None
         self.now = self.timer()
         window = int(self.now // self.duration)
         self.window_end = (window + 1) * self.duration
-        redis_key = cache.make_key(f"{key}:{window}")
-        try:
-            pipe = get_redis_connection("default").pipeline(transaction=False)
-            pipe.incr(redis_key)
-            pipe.expire(redis_key, self.duration + 1)
-            count, _ = pipe.execute()
-        except RedisError:
-            logger.warning("throttle %s: Redis unavailable, request let through", self.scope, exc_info=True)
+        return cache.make_key(f"{key}:{window}")
+
+    def allow_request(self, request, view) -> bool:
+        redis_key = self.window_key(request, view)
+        if redis_key is None:
             return True
-        return count <= self.num_requests
+        counts = getattr(request, COUNTS_ATTR, None)
+        if counts is None:  # the first throttle asked: count the request against all of the view's
+            others = [t for t in (view.get_throttles() if view is not None else ())
+                      if isinstance(t, WindowRateThrottle) and type(t) is not type(self)]
+            counts = count_requests([self, *others], request, view)
+            setattr(request, COUNTS_ATTR, counts)
+        if redis_key not in counts:  # not among the view's throttles (or a window began since)
+            counts.update(count_requests([self], request, view))
+        count = counts[redis_key]
+        return count is None or count <= self.num_requests
 
     def wait(self) -> float:
         return max(1.0, self.window_end - self.now)
@@ -109,14 +122,45 @@ class GenerationRateThrottle(UserRateThrottle):
 DEFAULT_THROTTLES: tuple[type[WindowRateThrottle], ...] = (UserRateThrottle, TenantRateThrottle)
 
 
+def count_requests(throttles: Iterable[WindowRateThrottle], request, view) -> dict[str, int | None]:
+    """Count the request in the window of each throttle that limits it, in one Redis round trip.
+
+    Returns window key -> count; a count is None when Redis could not be reached (let through,
+    logged: a rate limit must not become an outage).
+    """
+    windows: dict[str, int] = {}  # window key -> its duration
+    for throttle in throttles:
+        key = throttle.counted_key = throttle.window_key(request, view)
+        if key is not None:
+            windows[key] = throttle.duration
+    keys = list(windows)
+    if not keys:
+        return {}
+    try:
+        pipe = get_redis_connection("default").pipeline(transaction=False)
+        for key in keys:
+            pipe.incr(key)
+            pipe.expire(key, windows[key] + 1)
+        replies = pipe.execute()
+    except RedisError:
+        logger.warning("throttles: Redis unavailable, request let through", exc_info=True)
+        return dict.fromkeys(keys)
+    return dict(zip(keys, replies[::2]))
+
+
 def throttle_wait(request, generation: bool = False,
                   classes: Iterable[type[WindowRateThrottle]] = DEFAULT_THROTTLES) -> tuple[int, str] | None:
     """For plain views (``request.user`` set): ``(Retry-After seconds, which limit)`` when the
-    request is over a limit, else None. Every throttle counts the request, as DRF's do."""
+    request is over a limit, else None. Every throttle counts the request, as DRF's do, in one
+    round trip."""
     throttles = [cls() for cls in (*classes, *((GenerationRateThrottle,) if generation else ()))]
-    refused = [t for t in throttles if not t.allow_request(request, None)]
+    counts = count_requests(throttles, request, None)
+    refused = []
+    for throttle in throttles:
+        count = counts.get(throttle.counted_key) if throttle.counted_key else None
+        if count is not None and count > throttle.num_requests:
+            refused.append(throttle)
     if not refused:
         return None
     worst = max(refused, key=lambda t: t.wait())
     return math.ceil(worst.wait()), worst.describe()
-

@@ -1,18 +1,21 @@
 """The ASGI application: what gunicorn's uvicorn workers (scripts/run.sh) and uvicorn serve.
 
-Async views (the SSE streams, the OpenAI protocol) run on the event loop; sync views run in
-Django's thread pool.
+Async views (the SSE streams, the OpenAI protocol) run on the event loop through Django's ASGI
+handler; sync views (the REST API, the admin) run through its WSGI handler in one thread hop
+(``core.view_mode_router``).
 """
 import os
 
 from django.core.asgi import get_asgi_application
+from django.core.wsgi import get_wsgi_application
 
 from core.body_limit import BodyLimit
 from core.tracing import configure_tracing
+from core.view_mode_router import ViewModeRouter
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 # Before the application loads its middleware: the Django instrumentation inserts its own.
 configure_tracing("specops-web")
 # BodyLimit refuses an oversized body at its declared length, or cuts a chunked one off, before
 # Django reads it whole (core/body_limit.py)
-application = BodyLimit(get_asgi_application())
+application = BodyLimit(ViewModeRouter(get_asgi_application(), get_wsgi_application()))

@@ -3,13 +3,27 @@
 The raw log is the record. Each logged request is also announced (``request_logged``), so the
 operators' views can count it on write without this app knowing them (``ops.request_rollups``
 adds it to the per-minute ``api`` rollup). A failure to log never fails the request.
+
+Refusals write no row: a request refused for its credentials (401) or by a rate limit (429)
+never reached its view, and a row for each would let anyone with a made-up token fill the table
+at the speed of the web tier, with no throttle in the way (authentication fails before DRF's
+throttles run). They are still announced, so the rollups count them (one row per minute).
+
+Rows are written in batches off the request path (``RequestLogWriter``: one multi-row INSERT at
+most every ``FLUSH_S`` or ``BATCH_ROWS`` rows, from a thread of its own), not one INSERT and
+round trip per request; a process that dies loses at most that interval of rows. A request
+handled inside a transaction (a test's, ``ATOMIC_REQUESTS``) writes its row in it instead: the
+row may name a tenant that only that transaction can see.
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import threading
 import time
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connection, connections
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -17,10 +31,63 @@ from metadata.models import RequestLog
 
 logger = logging.getLogger(__name__)
 LOGGED_PREFIX = "/api/v1/"
+UNLOGGED_STATUSES = frozenset({401, 429})  # refused before the view: no row (see above)
+FLUSH_S = 0.5
+BATCH_ROWS = 500
 
 # Sent after each logged API request (whether or not its row was written), with ``requested_at``
 # (aware datetime), ``status_code`` and ``duration_ms``.
 request_logged = Signal()
+
+
+class RequestLogWriter:
+    """This process's unwritten rows, inserted together by a daemon thread (started on first use)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[RequestLog] = []
+        self._wake = threading.Event()
+        self._pid = 0  # the process that started the thread (a fork starts its own)
+
+    def add(self, row: RequestLog) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._start()
+            self._pending.append(row)
+            full = len(self._pending) >= BATCH_ROWS
+        if full:
+            self._wake.set()
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._pending = []
+        threading.Thread(target=self._run, name="specops-request-log", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(FLUSH_S)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> int:
+        """Insert the pending rows now (one statement per ``BATCH_ROWS``); return how many were written."""
+        with self._lock:
+            rows, self._pending = self._pending, []
+        if not rows:
+            return 0
+        try:
+            RequestLog.objects.bulk_create(rows, batch_size=BATCH_ROWS)
+            return len(rows)
+        except DatabaseError:
+            logger.warning("request log write of %d rows failed", len(rows), exc_info=True)
+            return 0
+        finally:
+            if threading.current_thread().name == "specops-request-log":
+                connections.close_all()  # give the pooled connection back between flushes
+
+
+writer = RequestLogWriter()
+atexit.register(writer.flush)
 
 
 class RequestLogMiddleware:
@@ -35,15 +102,20 @@ class RequestLogMiddleware:
         if response.streaming:  # a stream's duration is its lifetime, not a latency
             return response
         duration_ms = (time.perf_counter() - started) * 1000
-        membership = getattr(getattr(request, "user", None), "membership", None)
-        try:
-            RequestLog.objects.create(
+        if response.status_code not in UNLOGGED_STATUSES:
+            membership = getattr(getattr(request, "user", None), "membership", None)
+            row = RequestLog(
                 requested_at=started_at, method=request.method, path=request.path[:300],
                 status_code=response.status_code, duration_ms=duration_ms,
                 tenant_id=membership.tenant_id if membership else None,
             )
-        except DatabaseError:
-            logger.warning("request log write failed", exc_info=True)
+            if connection.in_atomic_block:
+                try:
+                    row.save(force_insert=True)
+                except DatabaseError:
+                    logger.warning("request log write failed", exc_info=True)
+            else:
+                writer.add(row)
         request_logged.send(sender=RequestLogMiddleware, requested_at=started_at,
                             status_code=response.status_code, duration_ms=duration_ms)
         return response
