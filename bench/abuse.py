@@ -146,12 +146,12 @@ def run_probe(args, base_url: str, token: str, statuses: collections.Counter) ->
 
 
 def stream_connections(redis_db: int) -> int:
-    """Connections of the web process's stream pool (``client_name`` specops-streams) in our database."""
+    """Connections of the web process's stream pool (``specops-streams-<pid>``) in our database."""
     import redis
     from django.conf import settings
 
     return sum(1 for c in redis.Redis.from_url(settings.REDIS_URL).client_list()
-               if c.get("name") == "specops-streams" and int(c.get("db", -1)) == redis_db)
+               if c.get("name", "").startswith("specops-streams-") and int(c.get("db", -1)) == redis_db)
 
 
 class Streams:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -265,10 +266,15 @@ def async_client() -> redis.asyncio.Redis:
         pool = redis.asyncio.BlockingConnectionPool.from_url(
             settings.REDIS_URL, max_connections=max(2, conf.STREAM_REDIS_CONNECTIONS), timeout=30,
             socket_connect_timeout=5, socket_timeout=stream_hub.BLOCK_MS / 1000 + 25,
-            client_name="specops-streams")
+            client_name=stream_client_name())
         client_ = redis.asyncio.Redis(connection_pool=pool)
         _async_clients[loop] = client_
     return client_
+
+
+def stream_client_name() -> str:
+    """What ``CLIENT LIST`` names this process's stream connections: ``specops-streams-<pid>``."""
+    return f"specops-streams-{os.getpid()}"
 
 
 def _entries(batches) -> list[StreamEntry]:

@@ -21,10 +21,9 @@ STEPS = 4
 
 
 def streams_connections() -> int:
-    """This test database's connections of the stream pools (``client_name`` specops-streams)."""
-    db = redis.Redis.from_url(settings.REDIS_URL).connection_pool.connection_kwargs.get("db", 0)
+    """This process's stream connections to Redis (named ``specops-streams-<pid>``)."""
     return sum(1 for client in redis.Redis.from_url(settings.REDIS_URL).client_list()
-               if client.get("name") == "specops-streams" and int(client.get("db", -1)) == int(db))
+               if client.get("name") == token_stream.stream_client_name())
 
 
 class ConnectionPeak(threading.Thread):
@@ -83,6 +82,7 @@ def test_many_streams_read_through_a_few_connections_each_entry_once_in_order():
             late_items = await late
         return results, late_items
 
+    before = streams_connections()  # an earlier test's closed event loop may leave its pool's
     peak = ConnectionPeak()
     try:
         with peak:
@@ -95,7 +95,8 @@ def test_many_streams_read_through_a_few_connections_each_entry_once_in_order():
     for items in results:
         assert items == expected
     assert late_items == expected[1:]
-    assert 1 <= peak.connections <= max(2, conf.STREAM_REDIS_CONNECTIONS) < FOLLOWERS
+    assert peak.connections >= 1
+    assert peak.connections - before <= max(2, conf.STREAM_REDIS_CONNECTIONS) < FOLLOWERS
 
 
 def test_a_stream_opened_while_the_hub_blocks_gets_its_first_entry_at_once():
