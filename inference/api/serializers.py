@@ -18,7 +18,7 @@ from inference.engine.drafters import (
     DrafterParameter,
 )
 from inference.engine.errors import ConfigError
-from inference.generations import ModelNotServed, served_target
+from inference.generations import ModelNotServed
 from inference.limits import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
@@ -33,6 +33,7 @@ from inference.limits import (
     temperature_rule,
 )
 from inference.models import ModelVersion
+from inference.served_targets import cached_served_target
 
 
 def _json_kind(value: Any) -> str:
@@ -204,7 +205,7 @@ class GenerationRequestSerializer(serializers.Serializer):
     def _active_target(name: str | None) -> ModelVersion:
         """The model the request names; ``ModelBuilding`` (the first `make run`) is left to the view."""
         try:
-            return served_target(name)
+            return cached_served_target(name)
         except ModelNotServed as exc:
             raise serializers.ValidationError({"model": exc.message}) from None
 

@@ -21,8 +21,6 @@ import threading
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Model
 from django.db.models.signals import post_delete, post_save
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions
@@ -30,19 +28,11 @@ from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
 from metadata.cache import TwoTierCache, Versioned, WritePolicy
+from metadata.cache.rows import instance_of, row_of
 from metadata.models import Tenant, TenantMembership
 from metadata.replicas import read_routed
 
 CACHE_NAME = "api_token"
-
-
-def _row(instance: Model) -> dict[str, Any]:
-    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
-
-
-def _instance(model: type[Model], row: dict[str, Any]) -> Model:
-    """A model instance as a query would have built it (no query: the values are the row's)."""
-    return model.from_db(DEFAULT_DB_ALIAS, list(row), list(row.values()))
 
 
 def load_token(key: str, min_lsn: int = 0) -> Versioned:
@@ -55,9 +45,9 @@ def load_token(key: str, min_lsn: int = 0) -> Versioned:
             return None
         membership = getattr(token.user, "membership", None)
         return {
-            "token": _row(token), "user": _row(token.user),
-            "membership": _row(membership) if membership is not None else None,
-            "tenant": _row(membership.tenant) if membership is not None else None,
+            "token": row_of(token), "user": row_of(token.user),
+            "membership": row_of(membership) if membership is not None else None,
+            "tenant": row_of(membership.tenant) if membership is not None else None,
         }
 
     value, route = read_routed(read, min_lsn)
@@ -67,15 +57,15 @@ def load_token(key: str, min_lsn: int = 0) -> Versioned:
 def rebuild(rows: dict[str, Any]) -> Token:
     """Fresh instances of the cached rows, related as ``select_related`` would have related them."""
     user_model = get_user_model()
-    token = _instance(Token, rows["token"])
-    user = _instance(user_model, rows["user"])
+    token = instance_of(Token, rows["token"])
+    user = instance_of(user_model, rows["user"])
     token.user = user
     reverse = user_model.membership.related  # the reverse one-to-one: cache "none" too, or it queries
     if rows["membership"] is None:
         reverse.set_cached_value(user, None)
     else:
-        membership = _instance(TenantMembership, rows["membership"])
-        membership.tenant = _instance(Tenant, rows["tenant"])
+        membership = instance_of(TenantMembership, rows["membership"])
+        membership.tenant = instance_of(Tenant, rows["tenant"])
         membership.user = user
         reverse.set_cached_value(user, membership)
     return token

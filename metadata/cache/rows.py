@@ -1,0 +1,23 @@
+"""Model rows as cacheable values: a row's field values out, a fresh instance back in.
+
+A cached model instance shared by every reader of the local tier would carry whatever one
+reader set on it to the next (``request.user`` gets attributes; related caches fill in), so the
+caches of credentials and model versions store the field values and rebuild an instance per
+read, as a query would have: ``Model.from_db``, no query.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Model
+
+
+def row_of(instance: Model) -> dict[str, Any]:
+    """The instance's concrete field values, by attribute name (``tenant_id``, not ``tenant``)."""
+    return {field.attname: getattr(instance, field.attname) for field in instance._meta.concrete_fields}
+
+
+def instance_of(model: type[Model], row: dict[str, Any]) -> Model:
+    """An instance of ``model`` as a query would have built it from ``row`` (no query)."""
+    return model.from_db(DEFAULT_DB_ALIAS, list(row), list(row.values()))
