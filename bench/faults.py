@@ -42,6 +42,10 @@ broker flush flushes the broker, and these cases follow (issue 27):
   a fast shutdown and a start of that service mid-generation (Redis and the broker keep nothing
   over a restart).
 
+A worker that exited on its own (a broker restart can end one: kombu's reconnection raises) is
+started again before the next fault, as the unit's ``Restart=on-failure`` does, and named in the
+summary line.
+
 A session is ok when it succeeded, its token rows are positions 0..n-1 with n == token_count,
 its tokens equal the prompt's unfaulted run (and its text that run's text), it has no more than
 ``--max-tokens`` tokens, and its stream has exactly one ``done``. A kill
@@ -386,6 +390,7 @@ class FaultBench:
         self._expected: dict[str, Expected] = {}
         self.outcomes: dict[str, list[Outcome]] = {case: [] for case in NETNS_CASES}
         self.missed: dict[str, int] = {}
+        self.exited: list[str] = []  # workers that exited on their own (and were started again)
 
     @property
     def worker(self) -> Worker:  # the local worker
@@ -510,7 +515,17 @@ class FaultBench:
             return
         say(f"{kind} {run + 1}: every fault came after the session ended (generation too short?)")
 
+    def revive(self) -> None:
+        """Start again a worker that exited on its own, as the unit's ``Restart=on-failure`` does
+        (a Redis broker's restart can end a worker: kombu's reconnection raises)."""
+        for role, worker in list(self.workers.items()):
+            if worker.process.poll() is not None:
+                self.exited.append(f"{worker.node} (exit {worker.process.returncode})")
+                say(f"  {worker.node} had exited (code {worker.process.returncode}; see {worker.log}): started again")
+                self.workers[role] = worker.again()
+
     def run(self, case: str, run: int) -> None:
+        self.revive()
         if case in ("kill_child", "kill_worker"):
             self.kill(case, run)
         elif case == "broker_flush":
@@ -580,6 +595,7 @@ def main() -> None:
         parser.error(f"--hosts netns: {why}")
     random.seed(args.seed)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still remove hosts and workers
     hosts = services = run_dir = None
     if args.hosts == "netns":
         hosts = netns_hosts.Hosts().create()
@@ -602,6 +618,7 @@ def main() -> None:
             for case in cases:
                 bench.run(case, run)
         say(f"reconciler: {reconciler.passes}; faults that came too late (run again): {bench.missed}; "
+            f"workers that exited on their own: {bench.exited or 'none'}; "
             f"{time.monotonic() - started:.0f} s; worker logs in {LOG_DIR}")
         say(bench.result_line())
     finally:

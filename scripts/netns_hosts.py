@@ -13,7 +13,9 @@ The services are the caller's own, started inside the services namespace from no
 broker), never the machine's shared ones, so that restarting them hurts nobody else. Names carry
 a per-run suffix and the subnet is one no other run uses (chosen under a lock), so parallel runs
 never collide; everything is removed at the end, also when the run fails (a context manager, and
-``atexit`` for an exit that skips it).
+``atexit`` for an exit that skips it). A run killed outright (SIGKILL) leaves its namespaces;
+the next run removes them, and the processes in them, once their owner's pid is gone (each run
+records its pid under ``OWNERS``).
 
 Needs root and iproute2. Written by hand over ``ip`` (no library manages namespaces, veths and
 bridges together in a few lines; pyroute2 would be a new dependency for the same commands).
@@ -37,6 +39,7 @@ SUBNETS = ipaddress.ip_network("10.201.0.0/16")  # one /24 of it per run
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_PORT, REDIS_PORT, BROKER_PORT = 5432, 6379, 6380  # inside the services namespace: nobody else's
 LOCK = Path("/tmp/specops-netns-hosts.lock")
+OWNERS = Path("/tmp/specops-netns-hosts")  # <suffix>.pid: the pid of the run that made the hosts
 
 
 def available() -> str | None:
@@ -108,6 +111,9 @@ class Hosts:
         atexit.register(self.remove)
         with LOCK.open("w") as lock:  # two runs choosing a subnet at once would choose the same
             fcntl.flock(lock, fcntl.LOCK_EX)
+            sweep_abandoned()
+            OWNERS.mkdir(exist_ok=True)
+            (OWNERS / f"{self.suffix}.pid").write_text(str(os.getpid()))
             self.subnet = self._free_subnet()
             prefix = self.subnet.prefixlen
             services = self._add_namespace("services", str(self.subnet[1]), port="")
@@ -184,6 +190,7 @@ class Hosts:
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
         if self.root_link:
             subprocess.run(["ip", "link", "del", self.root_link], capture_output=True)
+        (OWNERS / f"{self.suffix}.pid").unlink(missing_ok=True)
         self.hosts.clear()
         self.root_link = ""
 
@@ -192,6 +199,29 @@ class Hosts:
 
     def __exit__(self, *exc_info) -> None:
         self.remove()
+
+
+def sweep_abandoned() -> None:
+    """Remove the namespaces of runs whose process is gone (killed before it could remove them),
+    with every process still in them and their link in this namespace."""
+    for record in OWNERS.glob("*.pid") if OWNERS.is_dir() else ():
+        try:
+            os.kill(int(record.read_text() or 0), 0)
+            continue  # its run is alive
+        except (ProcessLookupError, ValueError):
+            pass
+        suffix = record.stem
+        listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        for netns in (name for name in listed if name.startswith(f"specops-{suffix}-")):
+            pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            subprocess.run(["ip", "netns", "del", netns], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"sp{suffix}"], capture_output=True)
+        record.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------- services of the run's own
