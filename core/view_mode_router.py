@@ -22,6 +22,7 @@ thread returns it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from tempfile import SpooledTemporaryFile
@@ -43,8 +44,13 @@ def pool_size() -> int:
 
 def is_async_view(path: str) -> bool:
     """Whether the view at ``path`` is a coroutine function (no view: False)."""
+    return _is_async_view(settings.ROOT_URLCONF, path)
+
+
+@functools.lru_cache(maxsize=4096)  # a crowd polls the same few session paths; resolving costs ~0.1 ms
+def _is_async_view(urlconf: str, path: str) -> bool:
     try:
-        match = get_resolver().resolve(path)
+        match = get_resolver(urlconf).resolve(path)
     except Resolver404:
         return False
     return iscoroutinefunction(match.func)
