@@ -597,17 +597,17 @@ def main() -> None:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still remove hosts and workers
     hosts = services = run_dir = None
-    if args.hosts == "netns":
-        hosts = netns_hosts.Hosts().create()
-        run_dir = netns_hosts.run_directory(hosts.suffix)
-        services = netns_hosts.Services.start(hosts, run_dir)
-        args.admin_url = services.postgres.admin_url
-        say(f"hosts: services at {hosts.services_ip} ({hosts.subnet}), workers on "
-            f"{', '.join(hosts.WORKERS)}; namespaces specops-{hosts.suffix}-*; logs in {LOG_DIR}")
-    bench_environment(args, services)
     bench = None
     reconciler = None
     try:
+        if args.hosts == "netns":
+            hosts = netns_hosts.Hosts().create()
+            run_dir = netns_hosts.run_directory(hosts.suffix)
+            services = netns_hosts.Services.start(hosts, run_dir)
+            args.admin_url = services.postgres.admin_url
+            say(f"hosts: services at {hosts.services_ip} ({hosts.subnet}), workers on "
+                f"{', '.join(hosts.WORKERS)}; namespaces specops-{hosts.suffix}-*; logs in {LOG_DIR}")
+        bench_environment(args, services)
         recreate_database(args.admin_url, BENCH_DB)
         prepare()
         started = time.monotonic()
@@ -627,13 +627,16 @@ def main() -> None:
             reconciler.join(timeout=10)
         if bench is not None:
             bench.stop()
+        from django.conf import settings
         from django.db import connections
 
-        connections.close_all()
+        if settings.configured:  # prepare() ran
+            connections.close_all()
         if hosts is not None:
             hosts.remove()
-            shutil.rmtree(run_dir, ignore_errors=True)
-        elif not args.keep:
+            if run_dir is not None:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        elif args.hosts == "local" and not args.keep:
             drop_database(args.admin_url, BENCH_DB)
 
 
