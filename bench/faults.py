@@ -259,7 +259,8 @@ def submit(prompt: str, max_tokens: int) -> str:
 def session_row(session_id: str) -> dict:
     from metadata.models import Session
 
-    return Session.objects.values("status", "token_count", "attempts", "error", "text", "worker").get(pk=session_id)
+    return Session.objects.values("status", "token_count", "attempts", "error", "text", "worker",
+                                  "finished_at").get(pk=session_id)
 
 
 def committed(session_id: str) -> int:
@@ -506,8 +507,22 @@ class FaultBench:
                 note = (f"{worker.role} cut off {time.monotonic() - started:.1f} s at {at_fault} tokens, "
                         f"taken over: {taken}")
             else:
+                from inference.worker.fencing import database_now
+
                 service = getattr(self.services, kind.removeprefix("restart_"))
-                service.restart()
+                # A session that had ended by the time the service was down was not hit (and a
+                # Redis restart wipes the stream it wrote): on the database's clock, as finished_at.
+                if kind == "restart_postgres":
+                    down_at = database_now()
+                    service.restart()
+                else:
+                    service.stop()
+                    down_at = database_now()
+                    service.start()
+                finished_at = read(lambda sid=session_id: session_row(sid))["finished_at"]
+                if finished_at is not None and finished_at <= down_at:
+                    self.missed[kind] = self.missed.get(kind, 0) + 1
+                    continue
                 note = f"restarted in {time.monotonic() - started:.1f} s at {at_fault} tokens on {worker.role}"
             # A woken run writes, if anything lets it, in its next step: give it a few leases' time.
             settle = 3 * self.args.lease if kind in ("pause", "partition") else 0.0
