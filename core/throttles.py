@@ -73,9 +73,10 @@ class WindowRateThrottle(throttling.SimpleRateThrottle):
                       if isinstance(t, WindowRateThrottle) and type(t) is not type(self)]
             counts = count_requests([self, *others], request, view)
             setattr(request, COUNTS_ATTR, counts)
-        if redis_key not in counts:  # not among the view's throttles (or a window began since)
+        elif redis_key not in counts:  # not among the view's throttles (or a window began since)
             counts.update(count_requests([self], request, view))
-        count = counts[redis_key]
+        # where this request was counted: a window may have begun since ``redis_key`` was read
+        count = counts.get(self.counted_key or redis_key)
         return count is None or count <= self.num_requests
 
     def wait(self) -> float:

@@ -67,3 +67,17 @@ def test_throttle_wait_counts_plain_views_in_one_round_trip(rf, django_user_mode
 
     assert 1 <= wait <= 60 and limit == "SPECOPS_THROTTLE_USER_RATE=1/min"
     assert len(round_trips) == 2
+
+
+def test_a_window_that_begins_between_reading_and_counting_is_no_error(rf, django_user_model, settings, db):
+    """The first window key is read at 99.9999 s, the count at 100.0 s: the request is counted
+    in the new window and judged by that count (it was a KeyError, a 500, once a minute)."""
+    settings.SPECOPS_THROTTLE_USER_RATE = "100/s"
+    request = rf.get("/api/v1/sessions/")
+    request.user = django_user_model.objects.create_user("edge")
+    clock = iter([99.9999, 100.0, 100.0])
+    throttle = throttles.UserRateThrottle()
+    throttle.timer = lambda: next(clock)
+
+    assert throttle.allow_request(request, None) is True
+    assert window_counts() == {f"user:{request.user.pk}": 1}
