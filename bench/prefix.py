@@ -1,6 +1,12 @@
 """Multi-turn chats and a shared system prompt on the demo pair, with the prefix cache on and off.
 
     .venv/bin/python bench/prefix.py [--model-dir models] [--turns 8] [--reply 24] [--cache-mb 512]
+    .venv/bin/python bench/prefix.py --untrained models/.build/tokenizer
+
+`--untrained TOKENIZER_DIR`: the demo pair's shapes (DemoBuildConfig's target and draft) with
+random weights and that tokenizer, for a machine whose pair is still training: time to first
+token depends on the shapes, not the weights (replies are noise, acceptance is low, and the
+figures are labelled so).
 
 The batched engine as a device's engine core runs it (draft_model rows, the speculation policy
 on), driven by closed-loop clients: each client submits its next request the step after its last
@@ -164,6 +170,29 @@ def report(name: str, cold, cached, groups) -> dict[str, tuple[float, float]]:
     return ratios
 
 
+def untrained_pair(tokenizer_dir: Path):
+    """(target, draft) LoadedModels of the demo shapes with random weights and `tokenizer_dir`'s tokenizer."""
+    from transformers import AutoTokenizer
+
+    from bench.common import load_pair_dirs
+    from inference.demo.build_config import DemoBuildConfig
+    from inference.demo.model_files import causal_lm_config, random_causal_lm, save_model_dir
+
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        sys.exit(f"error: no tokenizer in {tokenizer_dir}")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    config = DemoBuildConfig()
+    root = Path("var/bench-models/prefix-untrained")
+    directories = []
+    for name, seed, shape in (("target", config.seed, config.target), ("draft", config.seed + 1, config.draft)):
+        directory = root / name
+        if not (directory / "config.json").is_file():  # saved once, then loaded as production loads
+            model = random_causal_lm(causal_lm_config(config.arch, shape, tokenizer), seed)
+            save_model_dir(model, tokenizer, directory, {"phase": f"untrained {name}"})
+        directories.append(directory)
+    return load_pair_dirs(*directories)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=Path("models"))
@@ -173,9 +202,15 @@ def main() -> None:
     parser.add_argument("--chats-c1", type=int, default=2, help="chats run one after another at concurrency 1")
     parser.add_argument("--cache-mb", type=int, default=512)
     parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--untrained", type=Path, default=None, metavar="TOKENIZER_DIR",
+                        help="the demo shapes with random weights and this tokenizer (see the docstring)")
     args = parser.parse_args()
-    require_demo_pair(args.model_dir)
-    target, draft = load_demo_pair(args.model_dir)
+    if args.untrained is not None:
+        target, draft = untrained_pair(args.untrained)
+        say("untrained pair: the demo pair's shapes, random weights (TTFT figures only; replies are noise)")
+    else:
+        require_demo_pair(args.model_dir)
+        target, draft = load_demo_pair(args.model_dir)
     config = GenerationConfig(max_new_tokens=args.reply)
     identical = True
     keys = {}
