@@ -64,8 +64,11 @@ fi
 # The web and the model workers start meanwhile (their imports take most of a first minute; they
 # touch no table until a request comes, and the credentials to make one are printed after migrate).
 # ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
+# Keep-alive 75 s, not gunicorn's 2 s: a client that pauses a little over 2 s between calls (the
+# load test's users wait 0.5-2 s plus a stream) raced the server's close of its idle connection
+# and got a connection reset on its next POST (1-3 in ~230 in the load test).
 start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
-  --workers "${WEB_WORKERS:-2}"
+  --workers "${WEB_WORKERS:-2}" --keep-alive "${WEB_KEEPALIVE_S:-75}"
 # One worker per device, one batching loop in it: each thread of the pool hands it a session, and
 # the loop feeds the device's engine core, a child process the worker starts that holds the models
 # and only steps (inference/engine_core/; SPECOPS_ENGINE_CORE=thread keeps it in the worker).
