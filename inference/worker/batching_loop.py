@@ -61,6 +61,7 @@ logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
 RETIRED_CHECK_S = 30.0  # how often idle engines are checked for a target no longer active
+FLUSH_RETRY_S = 0.5  # between two tries of a failed flush (see _write)
 OVERHEAD_LOG_S = 10.0  # how often a busy loop logs its front's time per step against the engine's
 
 
@@ -406,17 +407,28 @@ class DeviceBatchLoop:
 
     def _write(self, pending: PendingFlush, traces: list[tracing.SessionTrace | None],
                ends: list[SessionEnd]) -> None:
-        """Commit one flush, then write the ends that waited for it (a failed flush fails them)."""
+        """Commit one flush, then write the ends that waited for it. A failed flush (PostgreSQL
+        restarting, a connection cut) is tried again for up to half a lease — its transaction
+        rolled back whole and its inserts idempotent, so a retry duplicates nothing — before it
+        fails the sessions ending with it; meanwhile the fence still refuses a run taken over."""
         failure = ""
-        try:
-            with tracing.batch_write(traces, len(pending)):
-                stale = self.recorder.write(pending)
-            if stale:
-                self._stale.put(stale)
-        except Exception as error:
-            logger.exception("a batch flush of %d rows failed", len(pending))
-            close_old_connections()
-            failure = f"{type(error).__name__}: {error}"
+        give_up = time.monotonic() + conf.SESSION_LEASE_S / 2
+        while True:
+            try:
+                with tracing.batch_write(traces, len(pending)):
+                    stale = self.recorder.write(pending)
+                if stale:
+                    self._stale.put(stale)
+                failure = ""
+                break
+            except Exception as error:
+                close_old_connections()
+                failure = f"{type(error).__name__}: {error}"
+                if time.monotonic() + FLUSH_RETRY_S >= give_up:
+                    logger.exception("a batch flush of %d rows failed", len(pending))
+                    break
+                logger.warning("a batch flush of %d rows failed (%s); trying again", len(pending), failure)
+                time.sleep(FLUSH_RETRY_S)
         for end in ends:
             with tracing.activated(end.job.trace):
                 write_end(end, failure)

@@ -314,10 +314,37 @@ def test_sessions_ending_in_one_step_wait_for_their_rows_and_their_done_follows_
         assert session.token_count == steps * STEP_TOKENS and session.stats["batch_rows_max"] == count
 
 
+def kill_writer_connection(loop) -> None:
+    """Terminate the writer thread's own connection: its next statement fails."""
+    pids: list[int] = []
+    loop.writes.put(backend_pid, pids)
+    loop.writes.join()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pids[0]])
+
+
+@on_the_services
+def test_a_flush_whose_connection_was_cut_is_tried_again_and_its_sessions_succeed_once(
+        settings, tenant, target, new_loop):
+    settings.SPECOPS_TOKEN_FLUSH_MS = 60_000  # one flush, with the sessions' ends
+    steps = 2
+    loop = new_loop(ScriptedEngine(3, steps))
+    jobs = hand_over(loop, tenant, target, 3, max_new_tokens=steps * STEP_TOKENS)
+    kill_writer_connection(loop)
+    loop_thread = stepping(loop)
+    loop_thread.join(30)
+    assert not loop_thread.failures, loop_thread.failures
+    for job in jobs:
+        assert job.done.wait(30) and job.status == "succeeded"
+        assert_ended_once(job, "succeeded", steps)
+        assert TokenRecord.objects.filter(session_id=job.session.pk).count() == steps * STEP_TOKENS
+
+
 @on_the_services
 def test_a_flush_that_fails_ends_its_sessions_failed_once_and_the_writer_goes_on(
         settings, tenant, target, new_loop):
     settings.SPECOPS_TOKEN_FLUSH_MS = 60_000
+    settings.SPECOPS_SESSION_LEASE_S = 0.5  # no time to try the flush again: it fails its sessions
     steps = 2
     loop = new_loop(ScriptedEngine(3, steps))
     jobs = hand_over(loop, tenant, target, 3, max_new_tokens=steps * STEP_TOKENS)
