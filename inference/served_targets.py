@@ -11,6 +11,7 @@ name (versions change rarely). The rows are cached, not instances (``metadata.ca
 """
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any
 
@@ -59,7 +60,8 @@ def cached_served_target(name: str | None) -> ModelVersion:
 
     No active target: ``served_target`` itself says why (``ModelBuilding`` or ``ModelNotServed``).
     """
-    rows = target_cache().get(name or "")
+    # in a copy of the context: the lookup's source stays out of X-SpecOps-Read-DB (the request's data)
+    rows = contextvars.copy_context().run(target_cache().get, name or "")
     if rows is None:
         return served_target(name)
     target = instance_of(ModelVersion, rows["target"])

@@ -16,6 +16,7 @@ query, as before, and is refused with the same 401).
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import threading
 from typing import Any
@@ -95,7 +96,9 @@ class CachedTokenAuthentication(TokenAuthentication):
     """``TokenAuthentication`` (same header, keyword and errors) reading through ``token_cache``."""
 
     def authenticate_credentials(self, key: str):
-        rows = token_cache().get(key)
+        # In a copy of the context: where the credentials came from ("cache:local", a replica) is
+        # not where the request's data came from, which X-SpecOps-Read-DB reports.
+        rows = contextvars.copy_context().run(token_cache().get, key)
         if rows is None:
             raise exceptions.AuthenticationFailed(_("Invalid token."))
         token = rebuild(rows)
