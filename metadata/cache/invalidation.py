@@ -25,6 +25,7 @@ from typing import Protocol
 
 from django.db import DatabaseError, connections, transaction
 
+from core import tracing
 from metadata.cache.redis_tier import RedisGuard
 from metadata.replicas import lsn
 
@@ -188,9 +189,12 @@ class InvalidationBus:
             logger.warning("ignoring malformed cache invalidation %r", data[:200])
             return
         self.received += 1
-        for cache in caches:
-            for key in keys:
-                cache.on_broadcast(key, position)
+        # housekeeping of every process's caches: no request's trace (a Redis read here is no
+        # span of its own, which would show as a root beside the request that caused it)
+        with tracing.untraced():
+            for cache in caches:
+                for key in keys:
+                    cache.on_broadcast(key, position)
 
 
 _buses: dict[int, InvalidationBus] = {}
