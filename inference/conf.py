@@ -64,6 +64,13 @@ SETTINGS = (
     Setting("SPECOPS_CANCEL_ON_DISCONNECT", bool, True,
             "a /v1/ request whose client disconnects before its reply ends cancels its generation (off: the "
             "generation runs to its end as a session)"),
+    Setting("SPECOPS_FAIR_ADMISSION", bool, True,
+            "the batching engine admits waiting sessions fairly across tenants (fewest rows held, then fewest "
+            "tokens served; inference/engine/batch/fair_admission.py); off: first in, first out"),
+    Setting("SPECOPS_PREEMPTION", bool, True,
+            "with fair admission, a full batch gives a tenant under its share a row at once by preempting the "
+            "youngest session of a tenant over its share (it resumes later from its tokens, output unchanged); "
+            "needs the worker's --concurrency above SPECOPS_MAX_BATCH to have sessions waiting"),
     Setting("SPECOPS_AMQP_QUEUE_MAX_PRIORITY", int, 0,
             "x-max-priority of the task queues on a RabbitMQ broker (0: none, message priorities ignored; 9: "
             "tenants admitted by load as on Redis; an existing queue must be deleted first, docs/operations.md)"),

@@ -46,6 +46,9 @@ class GenerationStats:
     expected_accepted: float = 0.0
     scheduled_accepted: int = 0
     cut_tokens: int = 0
+    # times the row was taken out of a full batch for another group's row and resumed later
+    # (batch/fair_admission.py)
+    preemptions: int = 0
 
     def record_schedule(self, length: int, expected: float, accepted: int, cut: int) -> None:
         """Count one step whose verification length the scheduler chose: `length` positions

@@ -107,7 +107,10 @@ class DeviceBatchLoop:
     # -- called from task threads -------------------------------------------------------
 
     def submit(self, job: SessionJob) -> None:
-        """Hand a prepared session to the loop (starting the loop thread on first use)."""
+        """Hand a prepared session to the loop (starting the loop thread on first use). The
+        engine shares its rows fairly across tenants (SPECOPS_FAIR_ADMISSION, SPECOPS_PREEMPTION)."""
+        job.request = replace(job.request, fair_group=job.session.tenant_id if conf.FAIR_ADMISSION else None,
+                              preemptible=conf.PREEMPTION)
         job.trace = tracing.session_trace(job.session.pk, job.session.enqueued_at)  # the task's span is current
         self._ensure_running()
         self.inbox.put(job)
@@ -357,6 +360,8 @@ class DeviceBatchLoop:
                 traces.append(job.trace)
             if event.finished:
                 finished.append((job, event))
+                if event.stats.preemptions:
+                    metrics.BATCH_PREEMPTIONS.inc(event.stats.preemptions)
         if stream_events:
             self.writes.put(publish_step, stream_events, traces)
         if finished:

@@ -158,6 +158,11 @@ FRONT_REPORT_SECONDS = Histogram(
     "it must stay below the step time, or the front holds the device back.",
     buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
 )
+BATCH_PREEMPTIONS = Counter(
+    "specops_batch_preemptions_total",
+    "Times a session's row was taken out of a full batch for another tenant's and resumed later "
+    "(inference/engine/batch/fair_admission.py), counted when the session ends.",
+)
 ENGINE_CORE_RESTARTS = Counter(
     "specops_engine_core_restarts_total",
     "Engine-core processes a worker started again after the previous one died (its sessions were resubmitted).",

@@ -1,8 +1,10 @@
 """Continuous batching of speculative decoding: many sequences share every forward.
 
 `BatchedSpeculativeEngine` holds up to `max_rows` generations. Each `step()`:
-1. admits waiting requests (they join at this step boundary) and ends rows past their deadline
-   or cancelled; in the separate prefill mode (a CPU's default, prefill.py) feeds the
+1. admits waiting requests (they join at this step boundary; fairly across their `fair_group`s,
+   preempting an over-share group's youngest row for a group under its share when the batch is
+   full: fair_admission.py, `_preempt`) and ends rows past their deadline or cancelled; in the
+   separate prefill mode (a CPU's default, prefill.py) feeds the
    newcomers' prompts in a forward of their own and moves those done into the batch;
 2. plans how deep to draft: with confidence scheduling (the policy's default, scheduling.py)
    each row as deep as a position can pay for itself; otherwise one depth for every row from
@@ -36,7 +38,7 @@ depth, so its tokens do not depend on its companions; greedy rows follow the pol
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 
@@ -44,6 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.fair_admission import FairAdmission, group_of
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
@@ -94,6 +97,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     prefix_cache: the device's store of cached prefixes (kv/prefix_cache.py), which newcomers
     adopt and rows fill (batch/prefix_reuse.py); None or a 0-byte store: every prompt prefills.
     prefix_namespace: this engine's part of that store (the model pair; default: this engine).
+    preemption: a full batch gives up an over-share group's youngest row to a group under its
+    share (fair_admission.py); off: rows keep their place until they end, and admission alone
+    is fair.
     """
 
     def __init__(
@@ -110,6 +116,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         pack_linear: bool = False,
         prefix_cache: PrefixCache | None = None,
         prefix_namespace: Hashable | None = None,
+        preemption: bool = True,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
@@ -150,7 +157,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
         self._init_prefix_reuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
-        self.waiting: deque[BatchRow] = deque()
+        self.waiting: deque[BatchRow] = deque()  # in arrival order; a preempted row goes back first
+        self.fairness = FairAdmission()
+        self.preemption = preemption
+        self.preemptions = 0  # rows preempted since the engine was built
+        self._admissions = 0
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
@@ -199,6 +210,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
                     row.prefilled = row.prompt_length  # its one token is the pending one
         else:
             row.schedule = DraftLengthSchedule(request.draft_config, request.draft_config.length)
+        self.fairness.note_request(row)
         self.waiting.append(row)
 
     def _auto_drafter(self, request: BatchRequest) -> str:
@@ -221,13 +233,68 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     def has_work(self) -> bool:
         return bool(self.rows or self.lane_rows or self.waiting)
 
+    def _held(self) -> Counter:
+        """Rows of the batch and the lane, by fair group."""
+        return Counter(group_of(row) for row in self.rows + self.lane_rows)
+
     def _admit(self) -> None:
+        """Give free rows to waiting requests, the fairest first; then, with a full batch and a
+        group under its share waiting, preempt rows of groups over theirs (fair_admission.py)."""
         while self.waiting and len(self.rows) + len(self.lane_rows) < self.max_rows:
-            row = self.waiting.popleft()
-            if self.prefill == PREFILL_SEPARATE:
-                self._enter_lane(row)
-            else:
-                self._add_decoding_row(row, None)
+            self._place(self.fairness.pick(self.waiting, self._held()))
+        if not self.preemption or not self.waiting:
+            return
+        for _ in range(self.max_rows):  # each preemption narrows the gap between two groups
+            held = self._held()
+            preemptible = Counter(group_of(row) for row in self.rows + self.lane_rows if self._preemptible(row))
+            pair = self.fairness.victim_group(self.waiting, held, self.max_rows, preemptible)
+            if pair is None:
+                return
+            taker, giver = pair
+            self._preempt(max((row for row in self.rows + self.lane_rows
+                               if group_of(row) == giver and self._preemptible(row)),
+                              key=lambda row: row.admitted))
+            self._place(next(row for row in self.waiting if group_of(row) == taker))
+
+    def _place(self, row: BatchRow) -> None:
+        """Give a waiting row its rows of the caches (the lane's, in the separate prefill mode)."""
+        self.waiting.remove(row)
+        self._admissions += 1
+        row.admitted = self._admissions
+        self.fairness.note_admitted(row)
+        if self.prefill == PREFILL_SEPARATE:
+            self._enter_lane(row)
+        else:
+            self._add_decoding_row(row, None)
+
+    @staticmethod
+    def _preemptible(row: BatchRow) -> bool:
+        # a feature-reading (DSpark) row's drafter holds the target's features of its positions,
+        # which a second prefill would feed it again
+        return (row.request.preemptible and row.finish_reason is None and not reads_features(row)
+                and not row.keeps_last_prompt_token)
+
+    def _preempt(self, row: BatchRow) -> None:
+        """Take a row out of the batch (or the lane) at this step boundary and put it back at the
+        head of its group's queue (recompute preemption, as vLLM's).
+
+        The row keeps its tokens, generator, stop condition, grammar state, drafter and draft
+        schedule: only its cache rows go, after offering their keys and values to the prefix
+        cache. Its context (prompt and every token generated) becomes the prompt it prefills when
+        admitted again (adopting what the prefix cache holds), exactly as a session resumed from
+        its committed tokens does; the pending token is the same and a seeded row's draws are
+        seeded by position (decoder.reseed_at), so it goes on with the tokens it would have made.
+        """
+        self._release([row])
+        row.prompt_length = len(row.context)
+        row.prefilled = 0
+        row.draft_synced, row.draft_extra = 0, []
+        row.prefix_offered = False
+        row.fed_prompt = 0
+        row.forced_step = False
+        row.stats.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(row)  # ahead of its group's later arrivals
 
     def _add_decoding_row(self, row: BatchRow, lane_index: tuple[int, int | None] | None) -> None:
         """Give the row a row of the batch's caches: empty, or its prefilled one from the lane
@@ -288,6 +355,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         self.target_cache.maybe_compact()
         if self.draft_cache is not None and self.draft_rows:
             self.draft_cache.maybe_compact()
+        self.fairness.forget_idle(group_of(row) for row in self.rows + self.lane_rows + list(self.waiting))
         self.steps += 1
         return events
 
@@ -400,15 +468,27 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
 
     def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0,
                verified_depth: int | None = None, expected_accepted: float | None = None) -> RowEvent:
+        self.fairness.charge(group_of(row), len(step.token_ids) + prefill_tokens)
         return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
                         row.depth_choices, prefill_tokens, verified_depth, expected_accepted)
 
     def _leave(self, rows: Iterable[BatchRow]) -> None:
+        rows = list(rows)
+        for row in rows:
+            self._cancelled.discard(row.request.request_id)
+        self._release(rows)
+
+    def _release(self, rows: list[BatchRow]) -> None:
+        """Free the cache rows of `rows` (ended or preempted), offering their prefixes first."""
         leaving = {id(row) for row in rows}
         if not leaving:
             return
-        for row in rows:
-            self._cancelled.discard(row.request.request_id)
+        if self.prefix_cache is not None:
+            for index, row in enumerate(self.lane_rows):
+                if id(row) in leaving and row.prefilled and row.finish_reason is None:
+                    # a preempted newcomer's prompt so far
+                    draft_index = self.lane_draft_rows.index(row) if row in self.lane_draft_rows else None
+                    self._offer_prefix(row, self.lane_target_cache, index, self.lane_draft_cache, draft_index)
         self._leave_lane([row for row in self.lane_rows if id(row) in leaving])
         if self.prefix_cache is not None:
             for index, row in enumerate(self.rows):

@@ -63,7 +63,8 @@ class PrefixReuse:
         if match.features is not None:
             row.drafter.adopt_context(match.features, match.length)
         row.prefilled = match.length
-        row.stats.cached_tokens = match.length
+        if not row.stats.preemptions:  # a preempted row's re-prefill is not its prompt's (engine._preempt)
+            row.stats.cached_tokens = match.length
 
     def _offer_prefilled_prompts(self) -> None:
         """Offer the prompt of every batch row that finished prefilling since (the shared prefill

@@ -41,6 +41,11 @@ class BatchRequest:
     corpus: an opaque key of the earlier outputs a corpus-fed drafter (suffix) may draft from.
     cache_scope: rows of different scopes never share cached prefixes (batch/prefix_reuse.py):
     the tenant, where tenants are isolated; None: shared by every request of the model pair.
+    fair_group, fair_weight: whose share of the batch the row counts against, and that group's
+    weight (batch/fair_admission.py: the worker passes the tenant); None for every request is
+    one group, admitted first in, first out.
+    preemptible: the engine may take the row out of a full batch for a group under its share and
+    resume it later from its tokens (its output stays the same).
     """
 
     request_id: Hashable
@@ -52,6 +57,9 @@ class BatchRequest:
     resume_ids: tuple[int, ...] = ()
     corpus: Hashable | None = None
     cache_scope: Hashable | None = None
+    fair_group: Hashable | None = None
+    fair_weight: float = 1.0
+    preemptible: bool = True
 
 
 @dataclass
@@ -145,6 +153,7 @@ class BatchRow:
         self.finish_reason: str | None = None
         self.error = ""
         self.started = time.perf_counter()
+        self.admitted = 0  # the engine's admission count when it last got a row: the youngest is preempted first
         self.depth_choices: dict[int, int] = {}
         self.fed_prompt = 0  # prompt tokens fed in the current step
         # confidence scheduling (batch/scheduling.py), set every step: a draft_model chain's
