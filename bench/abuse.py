@@ -4,7 +4,10 @@ Starts its own services on a database of its own (``specops_bench_abuse``, dropp
 unless ``--keep``) and a Redis database of its own (``--redis-db``, flushed first): one web
 process (gunicorn with one uvicorn worker, as ``scripts/run.sh`` runs it) and one batching Celery
 worker with a tiny random model pair (built in seconds under ``var/bench-models``). The throttles
-are off (one client makes every request); the tenant quotas and the fair admission are on.
+are off (one client makes every request); the tenant quotas and the fair admission are on: the
+broker's priorities, and the batching engine's fair admission and preemption across tenants, for
+which the worker claims ``--claims`` sessions (task threads) for its ``--max-batch`` rows
+(``--no-fair``: the engine's first in, first out, and as many claims as rows, as before).
 
 1. **Streams.** ``GET /api/v1/models/`` is timed every 20 ms for ``--probe-s`` seconds alone
    (the baseline), then ``--streams`` session streams are opened (``GET
@@ -23,8 +26,9 @@ A server error is any 5xx or failed connection, in every phase.
     .venv/bin/python bench/abuse.py [--streams 2000] [--probe-s 10]
 
 Last line: ``RESULT streams_open=<n> other_p95_ms=<x> quiet_ttft_loaded_over_alone=<x>
-server_errors=<n>`` (``other_p95_ms``: the probe's p95 while the streams were open; the quiet
-tenant's TTFT p95 while the noisy one floods, over its TTFT p95 alone).
+noisy_share=<x> server_errors=<n>`` (``other_p95_ms``: the probe's p95 while the streams were
+open; the quiet tenant's TTFT p95 while the noisy one floods, over its TTFT p95 alone; the noisy
+tenant's share of the tokens of the sessions that ended while it flooded).
 """
 from __future__ import annotations
 
@@ -71,6 +75,8 @@ def bench_environment(args) -> dict[str, str]:
         "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(40),
         **NO_THROTTLES,  # one client makes every request; the tenant quotas stay on
         "SPECOPS_MAX_BATCH": str(args.max_batch),
+        "SPECOPS_FAIR_ADMISSION": "false" if args.no_fair else "true",
+        "SPECOPS_PREEMPTION": "false" if args.no_fair else "true",
         "OMP_NUM_THREADS": "1",  # as scripts/run.sh starts workers
     }
     for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # both are REDIS_URL's database
@@ -216,6 +222,9 @@ async def open_streams(args, base_url: str, tokens: dict, sessions: list[str], s
     return {"streams": streams, "loaded": loaded, "connections": connections, "open_at_end": open_at_end}
 
 
+POST_MS: dict[str, float] = {}  # each quiet session's POST, to its 202
+
+
 async def first_token_ms(client, model: str, max_tokens: int, number: int, statuses) -> tuple[float | None, str]:
     """POST a generation and read its stream to the end; (ms from the POST to the first tokens
     event, the session's id)."""
@@ -227,6 +236,7 @@ async def first_token_ms(client, model: str, max_tokens: int, number: int, statu
     if response.status_code != 202:
         return None, ""
     first, session_id = None, response.json()["id"]
+    POST_MS[session_id] = (time.perf_counter() - started) * 1000
     async with client.stream("GET", f"/api/v1/sessions/{session_id}/stream/") as stream:
         statuses[stream.status_code] += 1
         async for line in stream.aiter_lines():
@@ -333,6 +343,37 @@ def noisy_share(window: tuple[float, float]) -> float:
     return made.get("bench-noisy", 0) / total if total else float("nan")
 
 
+def preemptions(window: tuple[float, float]) -> dict[str, int]:
+    """Preemptions of each tenant's sessions that ended in the window (their stats)."""
+    from datetime import UTC, datetime
+
+    from metadata.models import Session
+
+    began, ended = (datetime.fromtimestamp(t, UTC) for t in window)
+    counts: collections.Counter = collections.Counter()
+    for tenant, stats in Session.objects.filter(
+            finished_at__gte=began, finished_at__lte=ended, tenant__name__in=("bench-quiet", "bench-noisy")
+    ).values_list("tenant__name", "stats"):
+        counts[tenant.removeprefix("bench-")] += int((stats or {}).get("preemptions") or 0)
+    return dict(counts)
+
+
+def worker_times_ms(session_ids: list[str]) -> dict[str, list[float]]:
+    """The worker's view of each session (its stats): from the row's creation to its batch
+    admission (``queue``) and to its first step's tokens (``ttft``), and the rows beside it."""
+    from metadata.models import Session
+
+    times: dict[str, list[float]] = {"queue": [], "ttft": [], "rows": []}
+    for stats in Session.objects.filter(pk__in=session_ids).values_list("stats", flat=True):
+        stats = stats or {}
+        for key, name in (("queue", "queue_seconds"), ("ttft", "ttft_seconds")):
+            if stats.get(name) is not None:
+                times[key].append(stats[name] * 1000)
+        if stats.get("batch_rows_max") is not None:
+            times["rows"].append(stats["batch_rows_max"])
+    return times
+
+
 def queue_waits_ms(session_ids: list[str]) -> list[float]:
     """Each session's wait from its row's creation to its worker's claim (a free batch slot)."""
     from metadata.models import Session
@@ -347,6 +388,10 @@ def main() -> None:
     parser.add_argument("--probe-s", type=float, default=10.0)
     parser.add_argument("--probe-interval-s", type=float, default=0.02)
     parser.add_argument("--max-batch", type=int, default=8, help="SPECOPS_MAX_BATCH of the worker")
+    parser.add_argument("--claims", type=int, default=0,
+                        help="the worker's task threads, sessions it holds at once (default: twice --max-batch)")
+    parser.add_argument("--no-fair", action="store_true",
+                        help="SPECOPS_FAIR_ADMISSION and SPECOPS_PREEMPTION off, and claims = rows (the baseline)")
     parser.add_argument("--quiet-clients", type=int, default=2)
     parser.add_argument("--quiet-requests", type=int, default=15, help="generations per quiet client and phase")
     parser.add_argument("--quiet-interval-s", type=float, default=1.0)
@@ -358,6 +403,7 @@ def main() -> None:
     parser.add_argument("--redis-db", type=int, default=10)
     parser.add_argument("--keep", action="store_true", help="keep the bench database and logs")
     args = parser.parse_args()
+    args.claims = args.claims or (args.max_batch if args.no_fair else 2 * args.max_batch)
 
     env = bench_environment(args)
     log_dir = ROOT / "var" / "bench-abuse"
@@ -373,12 +419,13 @@ def main() -> None:
                                        "-c", "specops/gunicorn_conf.py", "--bind", f"127.0.0.1:{port}",
                                        "--workers", "1"], env, log_dir))
         processes.append(start("worker", [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", "cpu",
-                                          "--pool", "threads", "--concurrency", str(args.max_batch),
+                                          "--pool", "threads", "--concurrency", str(args.claims),
                                           "--prefetch-multiplier", "1", "-n", "bench-abuse@%h", "--without-gossip",
                                           "--without-mingle", "-l", "INFO"],
-                               {**env, "DATABASE_POOL_MAX_SIZE": str(args.max_batch + 4)}, log_dir))
+                               {**env, "DATABASE_POOL_MAX_SIZE": str(args.claims + 4)}, log_dir))
         wait_http(f"{base_url}/v1/models")
-        say(f"web: one gunicorn uvicorn worker at {base_url}; worker: threads pool, SPECOPS_MAX_BATCH={args.max_batch}")
+        say(f"web: one gunicorn uvicorn worker at {base_url}; worker: threads pool, {args.claims} claims, "
+            f"SPECOPS_MAX_BATCH={args.max_batch}, fair admission and preemption {'off' if args.no_fair else 'on'}")
         alone = run_probe(args, base_url, tokens["quiet"], statuses)
         say(f"GET {PROBE_PATH} alone: {len(alone)} requests, p50 {percentile(alone, 0.5):.1f} ms, "
             f"p95 {percentile(alone, 0.95):.1f} ms")
@@ -390,7 +437,9 @@ def main() -> None:
             f"{opened['connections']}")
         fair = asyncio.run(tenants(args, base_url, tokens, model, statuses, say))
         share = noisy_share(fair["window"])
+        preempted = preemptions(fair["window"])
         waits = {phase: queue_waits_ms(fair[f"{phase}_ids"]) for phase in ("alone", "loaded")}
+        worker = {phase: worker_times_ms(fair[f"{phase}_ids"]) for phase in ("alone", "loaded")}
     finally:
         for process in reversed(processes):
             stop_process_group(process)
@@ -409,10 +458,18 @@ def main() -> None:
     say(f"quiet TTFT p95: alone {percentile(fair['alone'], 0.95):.0f} ms, while the noisy tenant floods "
         f"{percentile(fair['loaded'], 0.95):.0f} ms (of which the wait for a batch slot: p95 "
         f"{percentile(waits['alone'], 0.95):.0f} ms alone, {percentile(waits['loaded'], 0.95):.0f} ms loaded); "
-        f"the noisy tenant's share of the tokens meanwhile: {share:.2f}")
+        f"the noisy tenant's share of the tokens meanwhile: {share:.2f}; preemptions: {preempted}")
+    posts = {phase: [POST_MS[i] for i in fair[f"{phase}_ids"] if i in POST_MS] for phase in ("alone", "loaded")}
+    for phase in ("alone", "loaded"):
+        times = worker[phase]
+        say(f"quiet {phase}, the worker's view: claimed -> in the batch p50/p95 {percentile(times['queue'], 0.5):.0f}/"
+            f"{percentile(times['queue'], 0.95):.0f} ms after creation, first tokens p50/p95 "
+            f"{percentile(times['ttft'], 0.5):.0f}/{percentile(times['ttft'], 0.95):.0f} ms after creation, "
+            f"batch rows p50 {percentile(times['rows'], 0.5):.0f}; the client's POST p50/p95 "
+            f"{percentile(posts[phase], 0.5):.0f}/{percentile(posts[phase], 0.95):.0f} ms")
     say(f"baseline: other_p95_ms alone {percentile(alone, 0.95):.1f}")
     say(f"RESULT streams_open={opened['open_at_end']} other_p95_ms={percentile(loaded, 0.95):.1f} "
-        f"quiet_ttft_loaded_over_alone={ttft_ratio:.2f} server_errors={errors}")
+        f"quiet_ttft_loaded_over_alone={ttft_ratio:.2f} noisy_share={share:.2f} server_errors={errors}")
 
 
 if __name__ == "__main__":

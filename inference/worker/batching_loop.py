@@ -16,11 +16,16 @@ The loop also enforces what Celery's threads pool cannot: per-session deadlines 
 reason "timeout") and cancellation (a session whose row an operator or client set to
 "cancelled" leaves the batch at the next step).
 
-The loop thread records; its writer thread (write_behind.py) does the I/O a step leaves
-behind, in the order the loop hands it over: the step's stream events, the flushes of token and
-candidate rows (recorder.py), and the end of each session that left the batch (its outcome, its
-prediction, its metrics, then ``job.done``: lifecycle.write_end). Cancellation polls and lease
-renewals (fencing.renew_leases) stay on the loop thread.
+The loop thread records; two threads (write_behind.py) do the I/O a step leaves behind, in the
+order the loop hands it over: the publisher, each step's stream events (one Redis round trip);
+the writer, the flushes of token and candidate rows (recorder.py) and the end of each session
+that left the batch (its outcome, its prediction, its metrics, then ``job.done``:
+lifecycle.write_end). A flush first waits until the stream events queued before it are
+published, so a stream never lags its committed rows and a ``done`` follows its session's last
+``tokens`` event; but no stream event waits behind the database: under a flood of sessions ending
+(their outcomes written one by one) a quiet tenant's first tokens waited up to 1.8 s in a single
+queue (bench/README.md, Abuse). Cancellation polls and lease renewals (fencing.renew_leases) stay
+on the loop thread.
 
 Fencing (fencing.py): a run whose fence turns out stale (a renewal or a flush refused: another
 run took its session over while this process was paused) leaves the batch at the next step
@@ -80,6 +85,12 @@ class DeviceBatchLoop:
         self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
         self.recorder = BatchRecorder()
         self.writes = WriteBehind(write_queue, while_blocked=self._renew_leases_untraced)
+        self.publisher = WriteBehind(write_queue, name="specops-stream-publisher",
+                                     while_blocked=self._renew_leases_untraced)
+        # stream publishes queued (loop thread) and done (publisher thread): a flush's barrier
+        self._publishes_queued = 0
+        self._publishes_done = 0
+        self._published = threading.Condition()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
@@ -320,8 +331,11 @@ class DeviceBatchLoop:
         totals[2] += front_seconds
         if time.monotonic() - self._last_overhead_log >= OVERHEAD_LOG_S:
             self._last_overhead_log = time.monotonic()
-            logger.info("batching loop: %d step reports, engine %.2f ms per step, front %.2f ms per report",
-                        totals[0], totals[1] / totals[0] * 1000, totals[2] / totals[0] * 1000)
+            logger.info("batching loop: %d step reports, engine %.2f ms per step, front %.2f ms per report, "
+                        "stream events published at most %.0f ms after their step", totals[0],
+                        totals[1] / totals[0] * 1000, totals[2] / totals[0] * 1000,
+                        getattr(self, "_publish_delay_max", 0.0) * 1000)
+            self._publish_delay_max = 0.0
 
     def _resubmit_all(self) -> None:
         """A new core holds none of the rows: every session in hand joins it again, resuming from
@@ -363,7 +377,8 @@ class DeviceBatchLoop:
                 if event.stats.preemptions:
                     metrics.BATCH_PREEMPTIONS.inc(event.stats.preemptions)
         if stream_events:
-            self.writes.put(publish_step, stream_events, traces)
+            self._publishes_queued += 1
+            self.publisher.put(self._publish, stream_events, traces, time.monotonic(), self._publishes_queued)
         if finished:
             self._end([(job, event.step.finish_reason, event.error, event) for job, event in finished])
 
@@ -397,7 +412,8 @@ class DeviceBatchLoop:
         """Hand the writer the pending rows and progress, and the ends that must follow them."""
         jobs = self.jobs.values()
         traces = [job.trace for job in jobs if job.recorder.dirty]
-        self.writes.put(self._write, self.recorder.take([job.recorder for job in jobs]), traces, ends or [])
+        self.writes.put(self._write, self.recorder.take([job.recorder for job in jobs]), traces, ends or [],
+                        self._publishes_queued)
 
     def _end(self, endings: list[tuple[SessionJob, str, str, RowEvent | None]]) -> None:
         """End sessions: their outcomes go to the writer with a flush of every row pending (their
@@ -410,12 +426,34 @@ class DeviceBatchLoop:
 
     # -- the writer thread --------------------------------------------------------------
 
+    def _publish(self, stream_events: list, traces: list, queued_at: float, number: int) -> None:
+        """Publisher thread: a step's stream events (publish_step), timed from the step's report."""
+        delay = time.monotonic() - queued_at
+        metrics.STREAM_PUBLISH_DELAY_SECONDS.observe(delay)
+        self._publish_delay_max = max(getattr(self, "_publish_delay_max", 0.0), delay)
+        try:
+            publish_step(stream_events, traces)
+        finally:  # a failed publish (logged by the publisher) must not hold the flushes up
+            with self._published:
+                self._publishes_done = number
+                self._published.notify_all()
+
+    def _wait_for_publishes(self, number: int) -> None:
+        """Writer thread: wait until the stream events queued before this write are published."""
+        with self._published:
+            if not self._published.wait_for(lambda: self._publishes_done >= number,
+                                            timeout=conf.SESSION_LEASE_S / 2):
+                logger.warning("stream events still unpublished after %.0f s; writing on",
+                               conf.SESSION_LEASE_S / 2)
+
     def _write(self, pending: PendingFlush, traces: list[tracing.SessionTrace | None],
-               ends: list[SessionEnd]) -> None:
-        """Commit one flush, then write the ends that waited for it. A failed flush (PostgreSQL
+               ends: list[SessionEnd], publishes: int = 0) -> None:
+        """Commit one flush, then write the ends that waited for it, once the first ``publishes``
+        stream publishes are done. A failed flush (PostgreSQL
         restarting, a connection cut) is tried again for up to half a lease — its transaction
         rolled back whole and its inserts idempotent, so a retry duplicates nothing — before it
         fails the sessions ending with it; meanwhile the fence still refuses a run taken over."""
+        self._wait_for_publishes(publishes)
         failure = ""
         give_up = time.monotonic() + conf.SESSION_LEASE_S / 2
         while True:

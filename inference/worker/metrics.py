@@ -158,6 +158,11 @@ FRONT_REPORT_SECONDS = Histogram(
     "it must stay below the step time, or the front holds the device back.",
     buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
 )
+STREAM_PUBLISH_DELAY_SECONDS = Histogram(
+    "specops_stream_publish_delay_seconds",
+    "How long a step's stream events waited between the engine's step report and their publish to Redis.",
+    buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+)
 BATCH_PREEMPTIONS = Counter(
     "specops_batch_preemptions_total",
     "Times a session's row was taken out of a full batch for another tenant's and resumed later "
