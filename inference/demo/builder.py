@@ -16,6 +16,7 @@ its own settings'), recorded in the drafter's directory and under `metrics["dspa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -189,13 +190,13 @@ def _data(work: Path, config: DemoBuildConfig, tokenizer: PreTrainedTokenizerBas
 def _trained_model(work: Path, name: str, shape: ModelShape, config: DemoBuildConfig,
                    tokenizer: PreTrainedTokenizerBase,
                    train: Callable[[PreTrainedModel, Path], None],
-                   init_from: PreTrainedModel | None = None) -> PreTrainedModel:
+                   init_from: PreTrainedModel | None = None, device: str = "cpu") -> PreTrainedModel:
     """Initialise, train (resuming from a checkpoint) and save a model; reuse it once saved."""
     directory = work / name
     marker = {"phase": name, "config_hash": config.digest()}
     if (directory / "config.json").is_file():
-        return load_causal_lm(directory).model
-    model = random_causal_lm(causal_lm_config(config.arch, shape, tokenizer), config.seed)
+        return load_causal_lm(directory).model.to(device)
+    model = random_causal_lm(causal_lm_config(config.arch, shape, tokenizer), config.seed).to(device)
     if init_from is not None:
         copy_matching_weights(init_from, model)
     train(model, work / f"{name}.ckpt")
@@ -221,10 +222,12 @@ def copy_matching_weights(source: PreTrainedModel, destination: PreTrainedModel)
     return sorted(copied)
 
 
-def _evaluate(root: Path, config: DemoBuildConfig) -> dict[str, Any]:
+def _evaluate(root: Path, config: DemoBuildConfig, device: str = "cpu") -> dict[str, Any]:
     """Load the saved pair the way production does and measure what speculation will see."""
     target = load_causal_lm(root / TARGET_DIR)
     draft = load_causal_lm(root / DRAFT_DIR)
+    target.model.to(device)
+    draft.model.to(device)
     prompts = [torch.tensor(target.tokenizer(text)["input_ids"]) for text in
                load_heldout_prompts(root / PROMPTS_FILE)]
     metrics: dict[str, Any] = greedy_acceptance(target.model, draft.model, prompts,
@@ -254,7 +257,7 @@ class _Silent:
 
 
 def _run_phases(root: Path, config: DemoBuildConfig, progress: bool,
-                cache_dir: Path | None, observer: BuildObserver) -> dict[str, Any]:
+                cache_dir: Path | None, observer: BuildObserver, device: str = "cpu") -> dict[str, Any]:
     """Run (or skip, when already done) each phase in order; return the evaluation metrics."""
     work = _prepare_workdir(root, config)
     seconds: dict[str, float] = {}
@@ -283,7 +286,8 @@ def _run_phases(root: Path, config: DemoBuildConfig, progress: bool,
                             lambda model, ckpt: train_language_model(
                                 model, stream, config.target_optim, config.seed, ckpt, progress,
                                 on_step=step,
-                                should_stop=None if deadline is None else lambda: time.monotonic() >= deadline))
+                                should_stop=None if deadline is None else lambda: time.monotonic() >= deadline),
+                            device=device)
     timed("train_target", started)
     started = begin("target_greedy_text")
     greedy_rows = generate_greedy_rows(target, stream, config.greedy_sequences,
@@ -297,13 +301,13 @@ def _run_phases(root: Path, config: DemoBuildConfig, progress: bool,
                                                     config.draft_optim, config.seed, ckpt,
                                                     config.greedy_fraction, progress,
                                                     on_step=step),
-                   init_from=target if config.draft_from_target else None)
+                   init_from=target if config.draft_from_target else None, device=device)
     timed("distil_draft", started)
     started = begin("save_and_evaluate")
     for name, final in (("target", TARGET_DIR), ("draft", DRAFT_DIR)):
         _replace_dir(work / name, root / final)
     shutil.copyfile(work / PROMPTS_FILE, root / PROMPTS_FILE)
-    metrics = _evaluate(root, config)
+    metrics = _evaluate(root, config, device)
     timed("save_and_evaluate", started)
     bar.close()
     metrics["phase_seconds"] = seconds
@@ -318,6 +322,7 @@ def build_demo_models(
     threads: int | None = None,
     observer: BuildObserver | None = None,
     dspark: bool = True,
+    device: str = "cpu",
 ) -> DemoModels:
     """Build (or resume, or reuse) the demo pair under `out_dir`; see the module docstring.
 
@@ -326,6 +331,8 @@ def build_demo_models(
     threads (None: every core this process may use); on a busy machine one thread is much
     faster than two that wait on each other. `observer` is told each phase and step.
     `dspark=False` leaves out the DSpark phase (`build_dspark_phase` runs it later).
+    `device` is where the models train and write text ("cuda" where one is lent: the recipe is
+    the same, minutes instead of hours; what is saved is the same float32 model either way).
     """
     config = config or DemoBuildConfig()
     root = Path(out_dir)
@@ -341,14 +348,14 @@ def build_demo_models(
         if marker is None:
             started = time.monotonic()
             (root / MARKER).unlink(missing_ok=True)
-            metrics = _run_phases(root, config, progress, cache_dir, observer)
+            metrics = _run_phases(root, config, progress, cache_dir, observer, device)
             metrics["build_seconds"] = round(time.monotonic() - started, 1)
             _write_marker(root, config, metrics)  # its presence means the pair is whole
             shutil.rmtree(root / ".build")
         else:
             metrics = dict(marker.get("metrics", {}))
         if dspark and config.dspark is not None:
-            metrics = _dspark_phase(root, config, metrics, observer)
+            metrics = _dspark_phase(root, config, metrics, observer, device)
     finally:
         torch.set_num_threads(previous_threads)
     return _outputs(root, metrics)
@@ -375,11 +382,12 @@ def build_dspark_phase(out_dir: str | os.PathLike[str], config: DemoBuildConfig 
 
 
 def _dspark_phase(root: Path, config: DemoBuildConfig, metrics: dict[str, Any],
-                  observer: BuildObserver) -> dict[str, Any]:
+                  observer: BuildObserver, device: str = "cpu") -> dict[str, Any]:
     """Train (resume, reuse) the target's DSpark drafter; record it in the marker's metrics."""
     started = time.monotonic()
     build_hash = dspark_build_hash(config)
-    report = build_dspark(root / TARGET_DIR, config.dspark, build_hash=build_hash, observer=observer)
+    report = build_dspark(root / TARGET_DIR, config.dspark, build_hash=build_hash, observer=observer,
+                          device=device)
     directory = dspark_directory_for(root / TARGET_DIR)
     metrics["dspark"] = {
         "directory": directory.name, "build_hash": build_hash,  # relative: the root may move
@@ -417,10 +425,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="toy sizes, seconds (smoke test)")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--device", default="cpu", help="where to train: cpu (default) or cuda")
+    parser.add_argument("--dspark-budget-s", type=float,
+                        help="the DSpark phase's training budget (default: the recipe's; another value is "
+                             "another DSpark build, with its own hash)")
+    parser.add_argument("--dspark-sequences", type=int,
+                        help="target-written sequences the DSpark drafter trains on (default: the recipe's)")
     args = parser.parse_args(argv)
     config = DemoBuildConfig.quick(args.seed) if args.quick else DemoBuildConfig(seed=args.seed)
     try:
-        models = build_demo_models(args.out, config=config, progress=not args.no_progress)
+        config = _with_dspark_overrides(config, args.dspark_budget_s, args.dspark_sequences)
+        if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+            raise ValueError(f"--device must be cpu or cuda, not {args.device!r}")
+        if args.device != "cpu" and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here")
+        models = build_demo_models(args.out, config=config, progress=not args.no_progress, device=args.device)
     except KeyboardInterrupt:
         print("error: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
@@ -432,6 +451,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target={models.target_dir} draft={models.draft_dir} "
           f"prompts={models.heldout_prompts_path} dspark={models.dspark_dir} {json.dumps(summary)}")
     return 0
+
+
+def _with_dspark_overrides(config: DemoBuildConfig, budget_s: float | None,
+                           sequences: int | None) -> DemoBuildConfig:
+    """The config with the DSpark phase's budget or text size changed (ValueError naming the flag)."""
+    if budget_s is None and sequences is None:
+        return config
+    if config.dspark is None:
+        raise ValueError("--dspark-budget-s/--dspark-sequences: this configuration has no DSpark phase")
+    changes: dict[str, Any] = {}
+    if budget_s is not None:
+        if not budget_s > 0:
+            raise ValueError(f"--dspark-budget-s must be above 0, not {budget_s}")
+        changes["budget_s"] = budget_s
+    if sequences is not None:
+        if sequences < 2:
+            raise ValueError(f"--dspark-sequences must be at least 2, not {sequences}")
+        changes["sequences"] = sequences
+    return dataclasses.replace(config, dspark=dataclasses.replace(config.dspark, **changes))
 
 
 if __name__ == "__main__":

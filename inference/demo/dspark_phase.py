@@ -112,13 +112,15 @@ class _Observer:
 def build_dspark(target_dir: str | os.PathLike[str], config: DSparkBuildConfig, *,
                  out_dir: str | os.PathLike[str] | None = None, build_hash: str | None = None,
                  resume: bool = True, observer: Any = None,
-                 on_progress: Callable[[TrainingProgress], None] | None = None) -> dict[str, Any]:
+                 on_progress: Callable[[TrainingProgress], None] | None = None,
+                 device: str = "cpu") -> dict[str, Any]:
     """Train (or reuse, or resume) the DSpark drafter of the target at `target_dir`; its report.
 
     `out_dir` defaults to `dspark_directory_for(target_dir)`. `build_hash` (default: the
     config's) names what the checkpoint is built from; a finished one of the same hash is reused.
     `observer` (phase_started/step_done) is told the phases of PHASES: the text phase counts
-    rows, the training phase counts seconds of its budget.
+    rows, the training phase counts seconds of its budget. `device`: where the target writes and
+    the drafter trains (the checkpoint is saved the same either way).
     """
     target_dir = Path(target_dir)
     out = Path(out_dir) if out_dir is not None else dspark_directory_for(target_dir)
@@ -129,7 +131,7 @@ def build_dspark(target_dir: str | os.PathLike[str], config: DSparkBuildConfig, 
             return report
     observer = observer or _Observer()
     loaded = load_causal_lm(target_dir)
-    target = loaded.model
+    target = loaded.model.to(device)
     work = work_directory(out)
     if not resume:
         shutil.rmtree(work, ignore_errors=True)  # the saved text and training state of earlier runs

@@ -158,6 +158,10 @@ def _optimise(
     model.eval()
 
 
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def train_language_model(
     model: PreTrainedModel,
     stream: torch.Tensor,
@@ -168,10 +172,11 @@ def train_language_model(
     on_step: StepCallback | None = None,
     should_stop: StopCheck | None = None,
 ) -> None:
-    """Train next-token prediction on random windows of the corpus stream."""
+    """Train next-token prediction on random windows of the corpus stream (on the model's device)."""
+    device = _device_of(model)
 
     def loss_at(step: int) -> torch.Tensor:
-        batch = batch_at(stream, step, config.batch_size, config.seq_len, seed)
+        batch = batch_at(stream, step, config.batch_size, config.seq_len, seed).to(device)
         logits = model(batch[:, :-1]).logits  # [batch, seq, vocab]
         return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
 
@@ -198,6 +203,7 @@ def distil_draft(
     greedy_count = round(config.batch_size * greedy_fraction) if greedy_rows.numel() else 0
     corpus_count = config.batch_size - greedy_count
     target.eval()
+    device = _device_of(draft)
 
     def loss_at(step: int) -> torch.Tensor:
         parts = []
@@ -207,7 +213,7 @@ def distil_draft(
             rows = rows_at(greedy_rows, step, greedy_count, seed)[:, : config.seq_len]
             parts.append(rows)
         length = min(part.shape[1] for part in parts)
-        inputs = torch.cat([part[:, :length] for part in parts])  # [batch, seq]
+        inputs = torch.cat([part[:, :length] for part in parts]).to(device)  # [batch, seq]
         with torch.inference_mode():
             teacher = target(inputs).logits.float()  # [batch, seq, vocab]
         teacher = teacher.clone()
@@ -226,8 +232,9 @@ def distil_draft(
 def greedy_extend(model: PreTrainedModel, ids: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """Append `new_tokens` greedy tokens to each row, with a KV cache; EOS does not stop it.
 
-    # ids: [batch, prompt_len]; returns [batch, prompt_len + new_tokens]
+    # ids: [batch, prompt_len]; returns [batch, prompt_len + new_tokens], on the model's device
     """
+    ids = ids.to(_device_of(model))
     output = model(ids, use_cache=True)
     cache = output.cache
     generated = [output.logits[:, -1].argmax(-1, keepdim=True)]  # [batch, 1] each
@@ -264,7 +271,7 @@ def generate_greedy_rows(
         index = len(done)
         size = min(batch_size, count - sum(len(rows) for rows in done))
         prompts = batch_at(stream, 10_000_000 + index, size, prompt_len - 1, seed)
-        done.append(greedy_extend(target, prompts, new_tokens).to(torch.int32))
+        done.append(greedy_extend(target, prompts, new_tokens).to("cpu", torch.int32))
         staging = path.with_suffix(".tmp")
         torch.save(done, staging)
         os.replace(staging, path)
@@ -310,7 +317,8 @@ def greedy_acceptance(
     drafted = accepted = steps = matches = positions = 0
     for prompt in prompts:
         ids = greedy_extend(target, prompt.view(1, -1).long(), new_tokens)  # [1, len + new]
-        predicted = draft(ids[:, :-1]).logits.argmax(-1)[0, prompt.numel() - 1 :]  # [new]
+        predicted = draft(ids[:, :-1].to(_device_of(draft))).logits.argmax(-1)[0, prompt.numel() - 1 :]
+        predicted = predicted.to(ids.device)  # [new]
         hits = (predicted == ids[0, prompt.numel() :]).tolist()
         matches += sum(hits)
         positions += len(hits)
@@ -333,13 +341,17 @@ def forward_cost_ms(
     """
     vocab = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, context), generator=generator)
+    device = _device_of(model)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    ids = torch.randint(0, vocab, (1, context), generator=generator).to(device)
     cache = model(ids, use_cache=True).cache
-    step = torch.randint(0, vocab, (1, new), generator=generator)
+    step = torch.randint(0, vocab, (1, new), generator=generator).to(device)
     best = float("inf")
     for _ in range(repeats):
+        synchronize()
         started = time.perf_counter()
         model(step, cache=cache, use_cache=True)
+        synchronize()
         best = min(best, time.perf_counter() - started)
         cache.crop(-new)
     return best * 1000

@@ -255,3 +255,33 @@ def test_cli_builds_and_reports_errors_in_one_line(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "a-file"), "--quick", "--no-progress"]) == 1
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "a-file" in error and error.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--device", "tpu"], "--device"),
+    (["--dspark-budget-s", "0"], "--dspark-budget-s"),
+    (["--dspark-sequences", "1"], "--dspark-sequences"),
+])
+def test_cli_refuses_a_bad_device_or_dspark_override_in_one_line_and_builds_nothing(tmp_path, capsys, flags, named):
+    out = tmp_path / "demo"
+    assert main(["--out", str(out), "--no-progress", *flags]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and named in error and error.count("\n") == 1
+    assert not out.exists()
+
+
+def test_cli_refuses_cuda_where_there_is_none(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    assert main(["--out", str(tmp_path / "demo"), "--quick", "--no-progress", "--device", "cuda"]) == 1
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_dspark_overrides_change_the_dspark_build_and_only_it():
+    from inference.demo.builder import _with_dspark_overrides
+    base = DemoBuildConfig()
+    changed = _with_dspark_overrides(base, 90.0, 512)
+    assert (changed.dspark.budget_s, changed.dspark.sequences) == (90.0, 512)
+    assert changed.dspark.digest() != base.dspark.digest()
+    assert changed.target == base.target and changed.draft_optim == base.draft_optim
+    assert _with_dspark_overrides(base, None, None) is base

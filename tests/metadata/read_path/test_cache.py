@@ -274,6 +274,8 @@ def test_a_session_write_writes_its_state_through(tenant, target_version):
     after the commit, and stores it in Redis and here; the next reader loads nothing."""
     session = make_session(tenant, target_version)
     cache = cache_for(STATE)
+    cache.bus.ensure_listening()
+    assert cache.bus.connected.wait(5)  # (re)subscribing empties local tiers: do it before the write
     key = cache.key(str(session.pk))
     assert cache.policy is WritePolicy.WRITE_THROUGH
     assert get_session_state(session.pk)["status"] == SessionStatus.QUEUED
