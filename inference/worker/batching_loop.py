@@ -18,9 +18,12 @@ reason "timeout") and cancellation (a session whose row an operator or client se
 
 The loop thread records; two threads (write_behind.py) do the I/O a step leaves behind, in the
 order the loop hands it over: the publisher, each step's stream events (one Redis round trip);
-the writer, the flushes of token and candidate rows (recorder.py) and the end of each session
-that left the batch (its outcome, its prediction, its metrics, then ``job.done``:
-lifecycle.write_end). A flush first waits until the stream events queued before it are
+the writer, the flushes of token and candidate rows (recorder.py), after each of which the end
+of each session that left the batch with it is written by one of ``END_WRITERS`` threads (its
+outcome, its prediction, its metrics, then ``job.done``: lifecycle.write_end; ends are
+independent, and a task thread holds its Celery message until its end is written, so ends
+written one at a time bounded the sessions a worker could take in: measured, 17 writes waiting
+and one session in the batch while 16 task threads waited for their ends). A flush first waits until the stream events queued before it are
 published, so a stream never lags its committed rows and a ``done`` follows its session's last
 ``tokens`` event; but no stream event waits behind the database: under a flood of sessions ending
 (their outcomes written one by one) a quiet tenant's first tokens waited up to 1.8 s in a single
@@ -37,12 +40,13 @@ from __future__ import annotations
 
 import logging
 import queue
+from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 from collections.abc import Hashable
 from dataclasses import replace
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from core import tracing
 from inference.conf import conf
@@ -67,6 +71,7 @@ CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the runn
 IDLE_WAIT_S = 0.5
 RETIRED_CHECK_S = 30.0  # how often idle engines are checked for a target no longer active
 FLUSH_RETRY_S = 0.5  # between two tries of a failed flush (see _write)
+END_WRITERS = 4  # threads writing sessions' ends (each its own transactions), after their flush
 OVERHEAD_LOG_S = 10.0  # how often a busy loop logs its front's time per step against the engine's
 
 
@@ -91,6 +96,7 @@ class DeviceBatchLoop:
         self._publishes_queued = 0
         self._publishes_done = 0
         self._published = threading.Condition()
+        self._enders = ThreadPoolExecutor(END_WRITERS, thread_name_prefix="specops-session-end")
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
@@ -332,9 +338,9 @@ class DeviceBatchLoop:
         if time.monotonic() - self._last_overhead_log >= OVERHEAD_LOG_S:
             self._last_overhead_log = time.monotonic()
             logger.info("batching loop: %d step reports, engine %.2f ms per step, front %.2f ms per report, "
-                        "stream events published at most %.0f ms after their step", totals[0],
-                        totals[1] / totals[0] * 1000, totals[2] / totals[0] * 1000,
-                        getattr(self, "_publish_delay_max", 0.0) * 1000)
+                        "stream events published at most %.0f ms after their step, writes waiting %d, "
+                        "sessions held %d", totals[0], totals[1] / totals[0] * 1000, totals[2] / totals[0] * 1000,
+                        getattr(self, "_publish_delay_max", 0.0) * 1000, self.writes.waiting, len(self.jobs))
             self._publish_delay_max = 0.0
 
     def _resubmit_all(self) -> None:
@@ -473,8 +479,19 @@ class DeviceBatchLoop:
                 logger.warning("a batch flush of %d rows failed (%s); trying again", len(pending), failure)
                 time.sleep(FLUSH_RETRY_S)
         for end in ends:
+            self._enders.submit(self._write_end, end, failure)
+
+    @staticmethod
+    def _write_end(end: SessionEnd, failure: str) -> None:
+        """An end writer's thread: one session's end (after its rows' flush), then its database
+        connection back to the pool."""
+        try:
             with tracing.activated(end.job.trace):
                 write_end(end, failure)
+        except Exception:  # write_end sets job.done whatever happens; the thread goes on
+            logger.exception("writing the end of session %s failed", end.job.session.pk)
+        finally:
+            connections.close_all()
 
 
 _loop: DeviceBatchLoop | None = None
