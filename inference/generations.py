@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from django.db import transaction
 from django.utils import timezone
 
 from core.latency_budget import measure
@@ -24,7 +23,8 @@ from inference.registry import DEMO_NAME, pending_build
 from inference.tasks import generate
 from metadata.api.follow import follow
 from metadata.models import LIVE_STATUSES, Session, SessionStatus, Tenant
-from metadata.sessions.state import invalidate_session
+from metadata.sessions.admission import insert_within_quota
+from metadata.sessions.state import invalidate_session, seed_new_session_state
 
 __all__ = [
     "Generation", "GenerationRefused", "ModelBuilding", "ModelNotServed", "QueueUnavailable", "QuotaExceeded",
@@ -84,9 +84,10 @@ class QuotaExceeded(GenerationRefused):
     http_status = 429
     retry_after_s = 2  # a short generation frees a place within seconds
 
-    def __init__(self, tenant: Tenant, live: int, limit: int) -> None:
-        source = "the tenant's own max_live_generations" if tenant.max_live_generations is not None \
-            else "SPECOPS_TENANT_MAX_LIVE_GENERATIONS"
+    def __init__(self, tenant: Tenant, live: int, limit: int, own_limit: bool | None = None) -> None:
+        if own_limit is None:  # not said: the tenant object's own field
+            own_limit = tenant.max_live_generations is not None
+        source = "the tenant's own max_live_generations" if own_limit else "SPECOPS_TENANT_MAX_LIVE_GENERATIONS"
         super().__init__(f"tenant '{tenant.name}' has {live} generations queued or running, its limit "
                          f"(max_live_generations={limit}, {source}); retry when one of them ends.")
         self.live, self.limit = live, limit
@@ -165,29 +166,34 @@ def broker_priority(live: int, broker_url: str | None = None) -> int:
 def submit_generation(request: ValidatedRequest, tenant: Tenant, user) -> Session:
     """Write the session and enqueue its task after commit (the worker must see the row).
 
-    The tenant's row is locked while its live sessions are counted and the new one written, so
-    concurrent submissions of one tenant cannot pass its limit together. Raises ``QuotaExceeded``
-    (nothing written) past the limit, ``QueueUnavailable`` if the broker refuses the task (the row
-    is then marked failed). The task's priority comes from the tenant's load (``broker_priority``).
+    The count of the tenant's live sessions, the check against its limit and the session's INSERT
+    are one round trip under the tenant's row lock (``metadata.sessions.admission``), so concurrent
+    submissions of one tenant cannot pass its limit together. Raises ``QuotaExceeded`` (nothing
+    written) past the limit, ``QueueUnavailable`` if the broker refuses the task (the row is then
+    marked failed). The task's priority comes from the tenant's load (``broker_priority``).
     """
     data = request.validated_data
-    with measure("db_write"), transaction.atomic():
-        locked = Tenant.objects.select_for_update().only("pk", "name", "max_live_generations").get(pk=tenant.pk)
-        live = live_generations(tenant)
-        limit = locked.live_generation_limit()
-        if limit and live >= limit:
-            raise QuotaExceeded(locked, live, limit)
-        session = Session.objects.create(
-            tenant=tenant, created_by=user, target=data["target"], draft=data["draft"],
-            drafter=data["drafter"], queue=data["target"].queue, prompt=data["prompt"],
-            prompt_tokens=data["prompt_tokens"], params=request.params(),
-            enqueued_at=timezone.now(),  # the reconciler re-enqueues it if no worker takes it
-        )
+    session = Session(
+        tenant=tenant, created_by=user, target=data["target"], draft=data["draft"],
+        drafter=data["drafter"], queue=data["target"].queue, prompt=data["prompt"],
+        prompt_tokens=data["prompt_tokens"], params=request.params(),
+        enqueued_at=timezone.now(),  # the reconciler re-enqueues it if no worker takes it
+    )
+    with measure("db_write"):
+        admission = insert_within_quota(session)
+    if not admission.created:
+        raise QuotaExceeded(tenant, admission.live, admission.limit, own_limit=admission.own_limit)
+    seed_new_session_state(session)  # the state readers poll, in Redis at once (no read back)
     try:
         # a prompt extending a recent one goes to the worker whose prefix cache holds it (affinity.py)
         queue = affinity.route(session.target, session.prompt) or session.queue
         with measure("enqueue"):  # the Celery instrumentation's apply_async span carries the trace on
-            generate.apply_async(args=[str(session.pk)], queue=queue, priority=broker_priority(live))
+            # ignore_result: nothing reads a generation task's result (the session row is the
+            # outcome), and without it the Redis result backend subscribed the web process to each
+            # task's result channel, a SUBSCRIBE round trip per request (a sixth of a POST's time,
+            # bench/README.md "Generation POST") and subscriptions that were never dropped.
+            generate.apply_async(args=[str(session.pk)], queue=queue, priority=broker_priority(admission.live),
+                                 ignore_result=True)
     except Exception as exc:  # broker down: the session must not sit queued forever
         logger.exception("enqueue of session %s failed", session.pk)
         Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED, error=f"enqueue failed: {exc}")

@@ -18,19 +18,22 @@ signal receivers below.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from metadata.cache import CacheConfig, RedisGuard, TwoTierCache, Versioned, WritePolicy
 from metadata.ids import created_at_of
 from metadata.models import Session
-from metadata.replicas import read_routed
+from metadata.replicas import lsn, read_routed
+
+logger = logging.getLogger(__name__)
 
 STATE = "state"
 DETAIL = "detail"
@@ -116,6 +119,32 @@ def invalidate_session(session_id: uuid.UUID | str, regions: Iterable[str] = REG
     ident = _ident(session_id)
     for region in regions:
         cache_for(region).invalidate(ident)
+
+
+def seed_new_session_state(session: Session) -> None:
+    """Put a session just inserted (``metadata.sessions.admission``) in Redis once it commits.
+
+    What the write-through does after a write, without its read back: the state of a new row is
+    known (queued, no tokens), and nothing else can have written the row between its commit and
+    the floor read here (its id is known only to this process until the task is published and the
+    response sent, both after this). No invalidation: no tier can hold an entry for a new id. The
+    floor read is the one the response's ``X-SpecOps-LSN`` needs anyway (it clears the pending
+    write). Errors are logged, never raised: the row is committed, and a reader loads it.
+    """
+    value = {"id": session.pk, "tenant_id": session.tenant_id, "status": str(session.status),
+             "token_count": session.token_count, "updated_at": session.updated_at}
+
+    def seed() -> None:
+        try:
+            position = lsn.capture_primary_lsn()
+            lsn.raise_floor(position, writes_captured=True)
+            cache = cache_for(STATE)
+            if cache.redis_enabled:
+                cache.redis.write_through(cache.key(_ident(session.pk)), Versioned(value, position), position)
+        except Exception:
+            logger.exception("seeding the cached state of new session %s failed; its first read loads it", session.pk)
+
+    transaction.on_commit(seed, using=lsn.PRIMARY_ALIAS)  # at once outside a transaction
 
 
 @receiver(post_save, sender=Session, dispatch_uid="specops_session_cache_on_save")
