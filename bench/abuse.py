@@ -257,7 +257,7 @@ async def quiet_tenant(args, client, model: str, statuses, phase: int) -> tuple[
                 ms, session_id = await first_token_ms(client, model, args.quiet_tokens,
                                                       phase * 100_000 + number * 1000 + request, statuses)
             except httpx_error() as exc:
-                statuses[type(exc).__name__] += 1
+                statuses[f"{type(exc).__name__} (quiet POST or stream)"] += 1
                 ms = None
             if ms is not None:
                 measured.append((ms, session_id))
@@ -286,7 +286,7 @@ async def noisy_tenant(args, client, model: str, statuses, stop: asyncio.Event) 
         try:
             statuses[(await client.post("/api/v1/generations/", json=body)).status_code] += 1
         except httpx_error() as exc:
-            statuses[type(exc).__name__] += 1
+            statuses[f"{type(exc).__name__} (noisy POST)"] += 1
 
     started = time.perf_counter()
     while not stop.is_set():
