@@ -422,7 +422,7 @@ def main() -> None:
                                           "--pool", "threads", "--concurrency", str(args.claims),
                                           "--prefetch-multiplier", "1", "-n", "bench-abuse@%h", "--without-gossip",
                                           "--without-mingle", "-l", "INFO"],
-                               {**env, "DATABASE_POOL_MAX_SIZE": str(args.claims + 4)}, log_dir))
+                               {**env, "DATABASE_POOL_MAX_SIZE": str(min(args.claims, 20) + 4)}, log_dir))
         wait_http(f"{base_url}/v1/models")
         say(f"web: one gunicorn uvicorn worker at {base_url}; worker: threads pool, {args.claims} claims, "
             f"SPECOPS_MAX_BATCH={args.max_batch}, fair admission and preemption {'off' if args.no_fair else 'on'}")
