@@ -221,12 +221,13 @@ class DeviceNotServed(RegistrationError):
     request of its name to a queue nobody reads (they failed an hour later)."""
 
 
-def served_queues(timeout: float = SERVED_QUEUES_TIMEOUT_S) -> set[str] | None:
+def served_queues(timeout: float | None = None) -> set[str] | None:
     """The queues the running Celery workers consume, from their answers to an ``active_queues``
     broadcast (Celery's remote control: each worker announces its own queues); None when no
     worker answers within ``timeout`` (none runs, or their control channel is off: unknown)."""
     from celery import current_app
 
+    timeout = SERVED_QUEUES_TIMEOUT_S if timeout is None else timeout
     try:
         replies = current_app.control.inspect(timeout=timeout).active_queues()
     except Exception:  # the broker is unreachable: unknown, as when nobody answers
