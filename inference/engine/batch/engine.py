@@ -318,13 +318,17 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         """Run one verification step for every row; return an event per row that ran or ended."""
         events: list[RowEvent] = []
         self.last_step_timing = None
-        for row in list(self.waiting):
-            if row.request.request_id in self._cancelled:
-                self.waiting.remove(row)
-                row.finish_reason = FINISH_CANCELLED
-                events.append(self._event(row, StepOutput([], 0, 0, [], FINISH_CANCELLED)))
-        self._admit()
         now = time.monotonic()
+        for row in list(self.waiting):  # a preempted row, or one waiting for a row, may end there
+            if row.request.request_id in self._cancelled:
+                row.finish_reason = FINISH_CANCELLED
+            elif row.request.deadline is not None and now >= row.request.deadline:
+                row.finish_reason = FINISH_TIMEOUT
+            if row.finish_reason is not None:
+                self.waiting.remove(row)
+                self._cancelled.discard(row.request.request_id)
+                events.append(self._event(row, StepOutput([], 0, 0, [], row.finish_reason)))
+        self._admit()
         for row in self.rows + self.lane_rows:
             if row.request.request_id in self._cancelled:
                 row.finish_reason = FINISH_CANCELLED

@@ -8,7 +8,9 @@ each token exactly once.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -173,3 +175,28 @@ def test_fair_shares_follow_the_weights():
     assert fairness.victim_group(waiting, held, 8, Counter(held)) is None
     held = Counter({"a": 7, "b": 1})
     assert fairness.victim_group(waiting, held, 8, Counter(held)) == ("b", "a")
+
+
+def test_a_preempted_row_cancelled_and_a_waiting_row_past_its_deadline_end_from_the_queue():
+    engine = _engine(max_rows=2, prefill="separate")
+    long = GenerationConfig(max_new_tokens=40, eos_token_id=())
+    tokens: dict = {}
+    for i in range(2):
+        engine.submit(BatchRequest(f"n{i}", [5, 6 + i], long, "ngram", fair_group="noisy"))
+    for _ in range(3):
+        for event in engine.step():
+            tokens.setdefault(event.request_id, []).extend(event.step.token_ids)
+    engine.submit(BatchRequest("q0", [7, 8], long, "ngram", fair_group="quiet"))
+    engine.submit(BatchRequest("q1", [7, 9], long, "ngram", fair_group="quiet", deadline=time.monotonic() + 3600))
+    for event in engine.step():
+        tokens.setdefault(event.request_id, []).extend(event.step.token_ids)
+    # one row each: the youngest noisy row gave its row up, the second quiet one waits
+    assert [row.request.request_id for row in engine.waiting] == ["n1", "q1"]
+    engine.cancel("n1")
+    waiting_q1 = engine.waiting[1]
+    waiting_q1.request = replace(waiting_q1.request, deadline=time.monotonic() - 1)
+    ended = {event.request_id: event for event in engine.step() if event.finished}
+    assert ended["n1"].step.finish_reason == "cancelled" and ended["q1"].step.finish_reason == "timeout"
+    assert not engine.waiting and ended["n1"].stats.preemptions == 1
+    plain = generate_plain(target_model(ARCH), [5, 7], long, decode=_decode).token_ids
+    assert tokens["n1"] and tokens["n1"] == plain[:len(tokens["n1"])]
