@@ -38,7 +38,6 @@ depth, so its tokens do not depend on its companions; greedy rows follow the pol
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
 
@@ -46,7 +45,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.batch.chain_drafting import ChainDrafting
-from inference.engine.batch.fair_admission import FairAdmission, group_of
+from inference.engine.batch.fair_admission import FairRows, group_of
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
@@ -84,7 +83,7 @@ __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
 class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling, FeatureRows,
-                               PrefixReuse):
+                               PrefixReuse, FairRows):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -157,11 +156,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
         self._init_prefix_reuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
-        self.waiting: deque[BatchRow] = deque()  # in arrival order; a preempted row goes back first
-        self.fairness = FairAdmission()
-        self.preemption = preemption
-        self.preemptions = 0  # rows preempted since the engine was built
-        self._admissions = 0
+        self._init_fair_rows(preemption)  # self.waiting, in arrival order (fair_admission.py)
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
@@ -233,68 +228,14 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
     def has_work(self) -> bool:
         return bool(self.rows or self.lane_rows or self.waiting)
 
-    def _held(self) -> Counter:
-        """Rows of the batch and the lane, by fair group."""
-        return Counter(group_of(row) for row in self.rows + self.lane_rows)
-
-    def _admit(self) -> None:
-        """Give free rows to waiting requests, the fairest first; then, with a full batch and a
-        group under its share waiting, preempt rows of groups over theirs (fair_admission.py)."""
-        while self.waiting and len(self.rows) + len(self.lane_rows) < self.max_rows:
-            self._place(self.fairness.pick(self.waiting, self._held()))
-        if not self.preemption or not self.waiting:
-            return
-        for _ in range(self.max_rows):  # each preemption narrows the gap between two groups
-            held = self._held()
-            preemptible = Counter(group_of(row) for row in self.rows + self.lane_rows if self._preemptible(row))
-            pair = self.fairness.victim_group(self.waiting, held, self.max_rows, preemptible)
-            if pair is None:
-                return
-            taker, giver = pair
-            self._preempt(max((row for row in self.rows + self.lane_rows
-                               if group_of(row) == giver and self._preemptible(row)),
-                              key=lambda row: row.admitted))
-            self._place(next(row for row in self.waiting if group_of(row) == taker))
-
     def _place(self, row: BatchRow) -> None:
         """Give a waiting row its rows of the caches (the lane's, in the separate prefill mode)."""
         self.waiting.remove(row)
-        self._admissions += 1
-        row.admitted = self._admissions
-        self.fairness.note_admitted(row)
+        self._note_admitted(row)
         if self.prefill == PREFILL_SEPARATE:
             self._enter_lane(row)
         else:
             self._add_decoding_row(row, None)
-
-    @staticmethod
-    def _preemptible(row: BatchRow) -> bool:
-        # a feature-reading (DSpark) row's drafter holds the target's features of its positions,
-        # which a second prefill would feed it again
-        return (row.request.preemptible and row.finish_reason is None and not reads_features(row)
-                and not row.keeps_last_prompt_token)
-
-    def _preempt(self, row: BatchRow) -> None:
-        """Take a row out of the batch (or the lane) at this step boundary and put it back at the
-        head of its group's queue (recompute preemption, as vLLM's).
-
-        The row keeps its tokens, generator, stop condition, grammar state, drafter and draft
-        schedule: only its cache rows go, after offering their keys and values to the prefix
-        cache. Its context (prompt and every token generated) becomes the prompt it prefills when
-        admitted again (adopting what the prefix cache holds), exactly as a session resumed from
-        its committed tokens does; the pending token is the same and a seeded row's draws are
-        seeded by position (decoder.reseed_at), so it goes on with the tokens it would have made.
-        """
-        self._release([row])
-        row.prompt_length = len(row.context)
-        row.prefilled = 0
-        row.draft_synced, row.draft_extra = 0, []
-        row.prefix_offered = False
-        row.fed_prompt = 0
-        row.forced_step = False
-        row.stats.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(row)  # ahead of its group's later arrivals
 
     def _add_decoding_row(self, row: BatchRow, lane_index: tuple[int, int | None] | None) -> None:
         """Give the row a row of the batch's caches: empty, or its prefilled one from the lane

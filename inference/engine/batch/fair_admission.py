@@ -18,18 +18,20 @@ share while another holds more, the over-share group gives up a row. Only when t
 the giver holding at least as many rows per weight as the taker, so two groups can never take
 rows back and forth (with equal weights: a difference of two rows or more). The engine then
 takes the giver's youngest row out of the batch with its tokens and puts it back at the head of
-its group's queue (recompute preemption, engine.py `_preempt`).
+its group's queue (recompute preemption, `FairRows._preempt`).
+
+`FairRows` is the engine's side (a mixin of `BatchedSpeculativeEngine`, engine.py, which owns
+the rows, the lane, the caches and `_place`/`_release`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inference.engine.batch.rows import BatchRow
+from inference.engine.batch.feature_rows import reads_features
+from inference.engine.batch.rows import BatchRow
 
 
 def group_of(row: BatchRow) -> Hashable:
@@ -113,3 +115,71 @@ class FairAdmission:
                 giver = max(givers, key=lambda g: (self._load(g, held), self._clock(g)))
                 return taker, giver
         return None
+
+
+class FairRows:
+    """Admission and preemption of the engine's waiting rows (see the module docstring)."""
+
+    def _init_fair_rows(self, preemption: bool) -> None:
+        self.waiting: deque[BatchRow] = deque()  # in arrival order; a preempted row goes back first
+        self.fairness = FairAdmission()
+        self.preemption = preemption
+        self.preemptions = 0  # rows preempted since the engine was built
+        self._admissions = 0
+
+    def _held(self) -> Counter:
+        """Rows of the batch and the lane, by fair group."""
+        return Counter(group_of(row) for row in self.rows + self.lane_rows)
+
+    def _admit(self) -> None:
+        """Give free rows to waiting requests, the fairest first; then, with a full batch and a
+        group under its share waiting, preempt rows of groups over theirs."""
+        while self.waiting and len(self.rows) + len(self.lane_rows) < self.max_rows:
+            self._place(self.fairness.pick(self.waiting, self._held()))
+        if not self.preemption or not self.waiting:
+            return
+        for _ in range(self.max_rows):  # each preemption narrows the gap between two groups
+            held = self._held()
+            preemptible = Counter(group_of(row) for row in self.rows + self.lane_rows if self._preemptible(row))
+            pair = self.fairness.victim_group(self.waiting, held, self.max_rows, preemptible)
+            if pair is None:
+                return
+            taker, giver = pair
+            self._preempt(max((row for row in self.rows + self.lane_rows
+                               if group_of(row) == giver and self._preemptible(row)),
+                              key=lambda row: row.admitted))
+            self._place(next(row for row in self.waiting if group_of(row) == taker))
+
+    def _note_admitted(self, row: BatchRow) -> None:
+        self._admissions += 1
+        row.admitted = self._admissions
+        self.fairness.note_admitted(row)
+
+    @staticmethod
+    def _preemptible(row: BatchRow) -> bool:
+        # a feature-reading (DSpark) row's drafter holds the target's features of its positions,
+        # which a second prefill would feed it again
+        return (row.request.preemptible and row.finish_reason is None and not reads_features(row)
+                and not row.keeps_last_prompt_token)
+
+    def _preempt(self, row: BatchRow) -> None:
+        """Take a row out of the batch (or the lane) at this step boundary and put it back at the
+        head of its group's queue (recompute preemption, as vLLM's).
+
+        The row keeps its tokens, generator, stop condition, grammar state, drafter and draft
+        schedule: only its cache rows go, after offering their keys and values to the prefix
+        cache. Its context (prompt and every token generated) becomes the prompt it prefills when
+        admitted again (adopting what the prefix cache holds), exactly as a session resumed from
+        its committed tokens does; the pending token is the same and a seeded row's draws are
+        seeded by position (decoder.reseed_at), so it goes on with the tokens it would have made.
+        """
+        self._release([row])
+        row.prompt_length = len(row.context)
+        row.prefilled = 0
+        row.draft_synced, row.draft_extra = 0, []
+        row.prefix_offered = False
+        row.fed_prompt = 0
+        row.forced_step = False
+        row.stats.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(row)  # ahead of its group's later arrivals
