@@ -28,7 +28,6 @@ import collections
 import multiprocessing as mp
 import os
 import secrets
-import subprocess
 import sys
 import time
 from pathlib import Path
