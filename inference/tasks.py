@@ -19,7 +19,8 @@ def remember_node(sender: str, instance=None, **kwargs) -> None:
     affinity.set_node(sender)
 
 
-@shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True, bind=True)
+# ignore_result: nothing reads a generation task's result (the session row is the outcome)
+@shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True, bind=True, ignore_result=True)
 def generate(self, session_id: str) -> str:
     """Run the speculative generation of one session (idempotent: see lifecycle.run_session)."""
     affinity.set_node(self.request.hostname or None)  # where the signal did not reach (a test's worker)

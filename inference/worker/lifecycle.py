@@ -360,7 +360,8 @@ def requeue(pk, queue: str, condition: Q, now: datetime, *, next_fence: int | No
     if next_fence is not None:
         token_stream.raise_fence(pk, next_fence)
     try:
-        current_app.send_task(GENERATE_TASK, args=[str(pk)], queue=queue)
+        # ignore_result: the session row is the outcome (as generations.submit_generation sends it)
+        current_app.send_task(GENERATE_TASK, args=[str(pk)], queue=queue, ignore_result=True)
     except Exception as error:
         raise EnqueueFailed(f"enqueue of session {pk} failed") from error
     return True
