@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from inference.models import ModelVersion, VersionStatus
 from inference.registry import register_version, served_queues
-from tests.helpers import wait_for
+from tests.helpers import empty_queue, wait_for
 from tests.worker_process import stop_worker
 
 SERVED = "cpu"
@@ -51,7 +51,10 @@ def patient_promotions(monkeypatch) -> None:
 @pytest.fixture
 def cpu_worker() -> Iterator[None]:
     """A real Celery worker process consuming the ``cpu`` queue of the tests' broker; no task
-    reaches it (the tests enqueue none), it only answers the broadcast."""
+    reaches it, it only answers the broadcast. Earlier tests' generate tasks left on ``cpu`` are
+    dropped first: with that backlog to take (one solo thread) the bare worker did not answer the
+    promotion's broadcast in time, and the promotion went ahead as unanswered."""
+    empty_queue(SERVED)
     process = subprocess.Popen([sys.executable, "-c", BARE_WORKER, settings.CELERY_BROKER_URL, SERVED],
                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
