@@ -17,7 +17,7 @@ run: install services
 	@scripts/run.sh
 
 test: install services
-	@scripts/test.sh
+	@scripts/test.sh --durations=30
 
 demo-models: migrate
 	@$(PY) manage.py build_demo_models

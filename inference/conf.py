@@ -71,6 +71,10 @@ SETTINGS = (
             "with fair admission, a full batch gives a tenant under its share a row at once by preempting the "
             "youngest session of a tenant over its share (it resumes later from its tokens, output unchanged); "
             "needs the worker's --concurrency above SPECOPS_MAX_BATCH to have sessions waiting"),
+    Setting("SPECOPS_CLAIM_RESERVE", int, -1,
+            "a device worker's task threads kept for tenants under their share: a session of a tenant over it "
+            "waits in the broker while fewer are free (inference/worker/claim_share.py; -1: a quarter of the "
+            "threads, at most those beyond SPECOPS_MAX_BATCH; 0: off)"),
     Setting("SPECOPS_AMQP_QUEUE_MAX_PRIORITY", int, 0,
             "x-max-priority of the task queues on a RabbitMQ broker (0: none, message priorities ignored; 9: "
             "tenants admitted by load as on Redis; an existing queue must be deleted first, docs/operations.md)"),

@@ -192,8 +192,9 @@ def submit_generation(request: ValidatedRequest, tenant: Tenant, user) -> Sessio
             # outcome), and without it the Redis result backend subscribed the web process to each
             # task's result channel, a SUBSCRIBE round trip per request (a sixth of a POST's time,
             # bench/README.md "Generation POST") and subscriptions that were never dropped.
-            generate.apply_async(args=[str(session.pk)], queue=queue, priority=broker_priority(admission.live),
-                                 ignore_result=True)
+            # the tenant lets the worker's claim share decide without a query (inference.tasks.generate)
+            generate.apply_async(args=[str(session.pk)], kwargs={"tenant": tenant.pk}, queue=queue,
+                                 priority=broker_priority(admission.live), ignore_result=True)
     except Exception as exc:  # broker down: the session must not sit queued forever
         logger.exception("enqueue of session %s failed", session.pk)
         Session.objects.filter(pk=session.pk).update(status=SessionStatus.FAILED, error=f"enqueue failed: {exc}")

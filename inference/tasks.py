@@ -6,6 +6,7 @@ import logging
 
 from celery import shared_task
 from celery.signals import celeryd_after_setup
+from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, worker_direct
 
 from core.queues import MAINTENANCE_QUEUE
 from inference import affinity
@@ -15,23 +16,84 @@ logger = logging.getLogger(__name__)
 
 @celeryd_after_setup.connect
 def remember_node(sender: str, instance=None, **kwargs) -> None:
-    """This worker's node name, which conversation affinity records and routes to (affinity.py)."""
+    """This worker's node name, which conversation affinity records and routes to (affinity.py),
+    and its threads' share across tenants (inference/worker/claim_share.py)."""
     affinity.set_node(sender)
+    threads = getattr(instance, "concurrency", None)
+    if isinstance(threads, int) and threads > 0 and getattr(instance, "pool_cls", None) is not None:
+        from inference.conf import conf
+        from inference.worker import claim_share
+
+        share = claim_share.configure(threads, conf.MAX_BATCH, conf.CLAIM_RESERVE)
+        if share is not None:
+            logger.info("claim share: %d threads, %d kept for tenants under their floor, %d rows",
+                        share.threads, share.reserve, share.rows)
 
 
 # ignore_result: nothing reads a generation task's result (the session row is the outcome)
 @shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True, bind=True, ignore_result=True)
-def generate(self, session_id: str) -> str:
-    """Run the speculative generation of one session (idempotent: see lifecycle.run_session)."""
+def generate(self, session_id: str, tenant=None, deferrals: int = 0) -> str:
+    """Run the speculative generation of one session (idempotent: see lifecycle.run_session).
+
+    ``tenant`` (the session's tenant id, sent by the API) lets the worker's claim share decide
+    without a query; a message over its tenant's share goes back to the broker with a countdown
+    (``deferrals`` counts how often it did) and the task returns "deferred".
+    """
     affinity.set_node(self.request.hostname or None)  # where the signal did not reach (a test's worker)
     # Imported here so the web process, which only enqueues, never loads torch and the engine.
+    from inference.worker import claim_share
     from inference.worker.batching_loop import device_loop
     from inference.worker.lifecycle import run_session
     from metadata.replicas.lsn import primary_only
 
     # The session was written a moment ago by the API: a replica may not have replayed it yet.
     with primary_only():
-        return run_session(session_id, submit=lambda job: device_loop().submit(job))
+        share = claim_share.current()
+        if share is None:
+            return run_session(session_id, submit=lambda job: device_loop().submit(job))
+        if tenant is None:
+            tenant = session_tenant(session_id)
+        if not share.try_take(tenant):
+            if defer(self, session_id, tenant, deferrals):
+                return DEFERRED
+            share = None  # the broker refused the message back: run it over the share
+        try:
+            return run_session(session_id, submit=lambda job: device_loop().submit(job))
+        finally:
+            if share is not None:
+                share.give_back(tenant)
+
+
+DEFERRED = "deferred"
+
+
+def session_tenant(session_id: str):
+    """The session's tenant id (a message without one: the reconciler's, or an older API's)."""
+    from metadata.models import Session
+
+    return Session.objects.filter(pk=session_id).values_list("tenant_id", flat=True).first()
+
+
+def defer(task, session_id: str, tenant, deferrals: int) -> bool:
+    """Send the session's message back to its queue with a countdown; False if the broker refused.
+
+    The new message is published before this one is acknowledged (acks_late): a crash between the
+    two leaves a duplicate, which the claim makes harmless, never a lost session.
+    """
+    from inference.worker.claim_share import deferral_countdown_s
+
+    delivery = task.request.delivery_info or {}
+    queue = delivery.get("routing_key") or None
+    if queue and delivery.get("exchange") == WORKER_DIRECT_EXCHANGE.name:  # an affinity route: the same node
+        queue = worker_direct(queue)
+    try:
+        generate.apply_async(args=[session_id], kwargs={"tenant": tenant, "deferrals": deferrals + 1},
+                             queue=queue, priority=delivery.get("priority"),
+                             countdown=deferral_countdown_s(deferrals), ignore_result=True)
+    except Exception:
+        logger.exception("session %s: its deferral could not be sent; it runs over its tenant's share", session_id)
+        return False
+    return True
 
 
 @shared_task(name="inference.canary_replay", ignore_result=True, acks_late=True)

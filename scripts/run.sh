@@ -76,11 +76,15 @@ start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.p
 # with the worker, and a second torch thread, spinning or sleeping between ops, made the API slower
 # (measured: bench/README.md, Serving).
 omp=${OMP_NUM_THREADS:-1}
+# Task threads: each holds one session, so twice the batch's rows keeps sessions waiting for a row
+# (they join the batch together, and a quiet tenant's can preempt) and a quarter of the threads
+# free for tenants under their share (inference/worker/claim_share.py).
+threads=${SPECOPS_WORKER_THREADS:-$((2 * ${SPECOPS_MAX_BATCH:-8}))}
 OMP_NUM_THREADS=$omp SPECOPS_WORKER_DEVICE=cpu start worker-cpu .venv/bin/celery -A specops worker -Q cpu --pool threads \
-  --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n cpu@%h -l INFO
+  --concurrency "$threads" --prefetch-multiplier 1 -n cpu@%h -l INFO
 for ((i = 0; i < gpus; i++)); do
   OMP_NUM_THREADS=$omp SPECOPS_WORKER_DEVICE=cuda:$i start "worker-gpu$i" .venv/bin/celery -A specops worker -Q "gpu.$i" --pool threads \
-    --concurrency "${SPECOPS_MAX_BATCH:-8}" --prefetch-multiplier 1 -n "gpu$i@%h" -l INFO
+    --concurrency "$threads" --prefetch-multiplier 1 -n "gpu$i@%h" -l INFO
 done
 
 alive() {  # exit 1 when a platform process has died

@@ -67,15 +67,17 @@ def test_units_share_one_multiprocess_dir_and_read_the_environment_file():
 
 
 def test_one_device_worker_per_queue_batches_with_a_threads_pool():
-    """One process per device (it holds the models and the batch); SPECOPS_MAX_BATCH threads in it."""
+    """One process per device (it holds the models and the batch); SPECOPS_WORKER_THREADS threads in it,
+    twice the batch's rows (inference/worker/claim_share.py keeps a quarter for tenants under their share)."""
     units = services()
     worker = units[DEVICE_WORKER]
     command = exec_start(worker)
     assert "-Q %i " in command and re.search(r"-n %i@%H\b", command)
-    assert "--pool threads --concurrency ${SPECOPS_MAX_BATCH} --prefetch-multiplier 1" in command
+    assert "--pool threads --concurrency ${SPECOPS_WORKER_THREADS} --prefetch-multiplier 1" in command
     assert "--autoscale" not in command and "prefork" not in command
     # The batch size defaults to 8; the queue's own file sets the device (and may override the size).
     assert unit_env(worker)["SPECOPS_MAX_BATCH"] == "8"
+    assert unit_env(worker)["SPECOPS_WORKER_THREADS"] == "16"
     assert "SPECOPS_WORKER_DEVICE" not in unit_env(worker), "the device comes from the queue's env file"
     assert worker["Service.EnvironmentFile"] == ["/etc/specops/specops.env", "/etc/specops/worker-%i.env"]
     assert worker.get("Install.DefaultInstance") == ["cpu"]
