@@ -1,7 +1,8 @@
 """The device's batching loop: one thread per worker process runs every session it holds together.
 
-Celery delivers sessions on the device queue to a threads pool of `SPECOPS_MAX_BATCH` threads
-(each message acknowledged late, so a crash redelivers it). Each task thread prepares its
+Celery delivers sessions on the device queue to a threads pool of ``SPECOPS_WORKER_THREADS``
+threads, twice ``SPECOPS_MAX_BATCH`` by default and shared across tenants (claim_share.py; each
+message acknowledged late, so a crash redelivers it). Each task thread prepares its
 session and hands it to this loop, then waits for it to end; every session in hand joins the
 running batch at the next step boundary. One engine per (target, draft) pair.
 
@@ -16,19 +17,9 @@ The loop also enforces what Celery's threads pool cannot: per-session deadlines 
 reason "timeout") and cancellation (a session whose row an operator or client set to
 "cancelled" leaves the batch at the next step).
 
-The loop thread records; two threads (write_behind.py) do the I/O a step leaves behind, in the
-order the loop hands it over: the publisher, each step's stream events (one Redis round trip);
-the writer, the flushes of token and candidate rows (recorder.py), after each of which the end
-of each session that left the batch with it is written by one of ``END_WRITERS`` threads (its
-outcome, its prediction, its metrics, then ``job.done``: lifecycle.write_end; ends are
-independent, and a task thread holds its Celery message until its end is written, so ends
-written one at a time bounded the sessions a worker could take in: measured, 17 writes waiting
-and one session in the batch while 16 task threads waited for their ends). A flush first waits until the stream events queued before it are
-published, so a stream never lags its committed rows and a ``done`` follows its session's last
-``tokens`` event; but no stream event waits behind the database: under a flood of sessions ending
-(their outcomes written one by one) a quiet tenant's first tokens waited up to 1.8 s in a single
-queue (bench/README.md, Abuse). Cancellation polls and lease renewals (fencing.renew_leases) stay
-on the loop thread.
+The loop thread records; what a step leaves behind (stream events, row flushes, sessions' ends)
+is published and written off it, in the order the loop hands it over (batch_output.py).
+Cancellation polls and lease renewals (fencing.renew_leases) stay on the loop thread.
 
 Fencing (fencing.py): a run whose fence turns out stale (a renewal or a flush refused: another
 run took its session over while this process was paused) leaves the batch at the next step
@@ -40,13 +31,12 @@ from __future__ import annotations
 
 import logging
 import queue
-from concurrent.futures import ThreadPoolExecutor
 import threading
 import time
 from collections.abc import Hashable
 from dataclasses import replace
 
-from django.db import close_old_connections, connections
+from django.db import close_old_connections
 
 from core import tracing
 from inference.conf import conf
@@ -58,9 +48,10 @@ from inference.engine_core.protocol import EngineSettings, Refused, StepReport
 from inference import affinity
 from inference.worker import metrics, prefix_cache_reading, suffix_feed
 from inference.worker.fencing import SUPERSEDED, renew_leases
-from inference.worker.lifecycle import session_end, write_end
+from inference.worker.batch_output import BatchOutput
+from inference.worker.lifecycle import session_end
 from inference.worker.residency import residency
-from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
+from inference.worker.recorder import BatchRecorder
 from inference.worker.session_job import SessionEnd, SessionJob
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
 from metadata.models import Session, SessionStatus
@@ -70,8 +61,6 @@ logger = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.25  # a cancel lands within this (an indexed query on the running ids)
 IDLE_WAIT_S = 0.5
 RETIRED_CHECK_S = 30.0  # how often idle engines are checked for a target no longer active
-FLUSH_RETRY_S = 0.5  # between two tries of a failed flush (see _write)
-END_WRITERS = 4  # threads writing sessions' ends (each its own transactions), after their flush
 OVERHEAD_LOG_S = 10.0  # how often a busy loop logs its front's time per step against the engine's
 
 
@@ -89,20 +78,13 @@ class DeviceBatchLoop:
         self.inbox: queue.Queue[SessionJob] = queue.Queue()
         self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
         self.recorder = BatchRecorder()
-        self.writes = WriteBehind(write_queue, while_blocked=self._renew_leases_untraced)
-        self.publisher = WriteBehind(write_queue, name="specops-stream-publisher",
-                                     while_blocked=self._renew_leases_untraced)
-        # stream publishes queued (loop thread) and done (publisher thread): a flush's barrier
-        self._publishes_queued = 0
-        self._publishes_done = 0
-        self._published = threading.Condition()
-        self._enders = ThreadPoolExecutor(END_WRITERS, thread_name_prefix="specops-session-end")
+        # fencing: runs the writer found stale, (session id, fence), for the loop thread to drop
+        self._stale: queue.SimpleQueue[set[tuple[Hashable, int]]] = queue.SimpleQueue()
+        self.output = BatchOutput(self.recorder, self._stale, write_queue, while_blocked=self._renew_leases_untraced)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._last_cancel_poll = 0.0
         self._last_renewal = 0.0
-        # fencing: runs the writer found stale, (session id, fence), for the loop thread to drop
-        self._stale: queue.SimpleQueue[set[tuple[Hashable, int]]] = queue.SimpleQueue()
         self._leaving: dict[Hashable, tuple[int, int | None]] = {}  # dropped rows the engine still holds
         self._deferred: list[SessionJob] = []  # newer runs waiting for their older row to leave
         self._last_retired_check = time.monotonic()
@@ -111,6 +93,11 @@ class DeviceBatchLoop:
         self.host: LocalEngines | CoreClient = (  # last: a core's start renews the leases in hand
             CoreClient(self.settings, while_waiting=self._renew_leases_untraced) if core
             else LocalEngines(self.settings, residency))
+
+    @property
+    def writes(self) -> WriteBehind:
+        """The writer's queue (the row flushes and, after each, its sessions' ends)."""
+        return self.output.writes
 
     @property
     def engines(self) -> dict:
@@ -340,8 +327,7 @@ class DeviceBatchLoop:
             logger.info("batching loop: %d step reports, engine %.2f ms per step, front %.2f ms per report, "
                         "stream events published at most %.0f ms after their step, writes waiting %d, "
                         "sessions held %d", totals[0], totals[1] / totals[0] * 1000, totals[2] / totals[0] * 1000,
-                        getattr(self, "_publish_delay_max", 0.0) * 1000, self.writes.waiting, len(self.jobs))
-            self._publish_delay_max = 0.0
+                        self.output.take_publish_delay_max() * 1000, self.writes.waiting, len(self.jobs))
 
     def _resubmit_all(self) -> None:
         """A new core holds none of the rows: every session in hand joins it again, resuming from
@@ -383,8 +369,7 @@ class DeviceBatchLoop:
                 if event.stats.preemptions:
                     metrics.BATCH_PREEMPTIONS.inc(event.stats.preemptions)
         if stream_events:
-            self._publishes_queued += 1
-            self.publisher.put(self._publish, stream_events, traces, time.monotonic(), self._publishes_queued)
+            self.output.publish(stream_events, traces)
         if finished:
             self._end([(job, event.step.finish_reason, event.error, event) for job, event in finished])
 
@@ -418,8 +403,7 @@ class DeviceBatchLoop:
         """Hand the writer the pending rows and progress, and the ends that must follow them."""
         jobs = self.jobs.values()
         traces = [job.trace for job in jobs if job.recorder.dirty]
-        self.writes.put(self._write, self.recorder.take([job.recorder for job in jobs]), traces, ends or [],
-                        self._publishes_queued)
+        self.output.flush(self.recorder.take([job.recorder for job in jobs]), traces, ends or [])
 
     def _end(self, endings: list[tuple[SessionJob, str, str, RowEvent | None]]) -> None:
         """End sessions: their outcomes go to the writer with a flush of every row pending (their
@@ -429,69 +413,6 @@ class DeviceBatchLoop:
         self._flush([session_end(*ending) for ending in endings])
         for job, *_ in endings:
             self.jobs.pop(job.request.request_id, None)
-
-    # -- the writer thread --------------------------------------------------------------
-
-    def _publish(self, stream_events: list, traces: list, queued_at: float, number: int) -> None:
-        """Publisher thread: a step's stream events (publish_step), timed from the step's report."""
-        delay = time.monotonic() - queued_at
-        metrics.STREAM_PUBLISH_DELAY_SECONDS.observe(delay)
-        self._publish_delay_max = max(getattr(self, "_publish_delay_max", 0.0), delay)
-        try:
-            publish_step(stream_events, traces)
-        finally:  # a failed publish (logged by the publisher) must not hold the flushes up
-            with self._published:
-                self._publishes_done = number
-                self._published.notify_all()
-
-    def _wait_for_publishes(self, number: int) -> None:
-        """Writer thread: wait until the stream events queued before this write are published."""
-        with self._published:
-            if not self._published.wait_for(lambda: self._publishes_done >= number,
-                                            timeout=conf.SESSION_LEASE_S / 2):
-                logger.warning("stream events still unpublished after %.0f s; writing on",
-                               conf.SESSION_LEASE_S / 2)
-
-    def _write(self, pending: PendingFlush, traces: list[tracing.SessionTrace | None],
-               ends: list[SessionEnd], publishes: int = 0) -> None:
-        """Commit one flush, then write the ends that waited for it, once the first ``publishes``
-        stream publishes are done. A failed flush (PostgreSQL
-        restarting, a connection cut) is tried again for up to half a lease — its transaction
-        rolled back whole and its inserts idempotent, so a retry duplicates nothing — before it
-        fails the sessions ending with it; meanwhile the fence still refuses a run taken over."""
-        self._wait_for_publishes(publishes)
-        failure = ""
-        give_up = time.monotonic() + conf.SESSION_LEASE_S / 2
-        while True:
-            try:
-                with tracing.batch_write(traces, len(pending)):
-                    stale = self.recorder.write(pending)
-                if stale:
-                    self._stale.put(stale)
-                failure = ""
-                break
-            except Exception as error:
-                close_old_connections()
-                failure = f"{type(error).__name__}: {error}"
-                if time.monotonic() + FLUSH_RETRY_S >= give_up:
-                    logger.exception("a batch flush of %d rows failed", len(pending))
-                    break
-                logger.warning("a batch flush of %d rows failed (%s); trying again", len(pending), failure)
-                time.sleep(FLUSH_RETRY_S)
-        for end in ends:
-            self._enders.submit(self._write_end, end, failure)
-
-    @staticmethod
-    def _write_end(end: SessionEnd, failure: str) -> None:
-        """An end writer's thread: one session's end (after its rows' flush), then its database
-        connection back to the pool."""
-        try:
-            with tracing.activated(end.job.trace):
-                write_end(end, failure)
-        except Exception:  # write_end sets job.done whatever happens; the thread goes on
-            logger.exception("writing the end of session %s failed", end.job.session.pk)
-        finally:
-            connections.close_all()
 
 
 _loop: DeviceBatchLoop | None = None
