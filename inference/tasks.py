@@ -80,6 +80,7 @@ def defer(task, session_id: str, tenant, deferrals: int) -> bool:
     The new message is published before this one is acknowledged (acks_late): a crash between the
     two leaves a duplicate, which the claim makes harmless, never a lost session.
     """
+    from inference.worker import metrics
     from inference.worker.claim_share import deferral_countdown_s
 
     delivery = task.request.delivery_info or {}
@@ -93,6 +94,7 @@ def defer(task, session_id: str, tenant, deferrals: int) -> bool:
     except Exception:
         logger.exception("session %s: its deferral could not be sent; it runs over its tenant's share", session_id)
         return False
+    metrics.CLAIM_DEFERRALS.inc()
     return True
 
 

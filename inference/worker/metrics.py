@@ -163,6 +163,11 @@ STREAM_PUBLISH_DELAY_SECONDS = Histogram(
     "How long a step's stream events waited between the engine's step report and their publish to Redis.",
     buckets=(0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
 )
+CLAIM_DEFERRALS = Counter(
+    "specops_claim_deferrals_total",
+    "Generation messages a device worker sent back to their queue because their tenant held its "
+    "share of the worker's task threads (inference/worker/claim_share.py).",
+)
 BATCH_PREEMPTIONS = Counter(
     "specops_batch_preemptions_total",
     "Times a session's row was taken out of a full batch for another tenant's and resumed later "

@@ -119,6 +119,10 @@ def messages(queue: str) -> list:
 def test_a_session_over_its_tenants_share_goes_back_to_its_queue(share, test_queue, tenant, tiny_model):
     session = Session.objects.create(tenant=tenant, target=tiny_model, drafter="ngram", queue=test_queue,
                                      prompt="x", prompt_tokens=1)
+    from prometheus_client import REGISTRY
+
+    deferrals = lambda: REGISTRY.get_sample_value("specops_claim_deferrals_total") or 0.0
+    before = deferrals()
     assert share.try_take(tenant.pk) and share.try_take(tenant.pk)  # the tenant holds its 2, 1 thread free
     result = generate.apply(args=[str(session.pk)], kwargs={"tenant": tenant.pk, "deferrals": 2},
                             routing_key=test_queue, priority=3)
@@ -129,6 +133,7 @@ def test_a_session_over_its_tenants_share_goes_back_to_its_queue(share, test_que
     session.refresh_from_db()
     assert session.status == SessionStatus.QUEUED and session.attempts == 0  # nothing claimed
     assert share.state().held == {tenant.pk: 2}  # the deferred session holds no thread
+    assert deferrals() == before + 1
 
 
 @pytest.mark.django_db(transaction=True)
