@@ -93,3 +93,35 @@ def test_the_new_sessions_state_is_in_redis_without_a_read_back(api_client, tena
     # the floor read after the commit is the one the response carries back to the client
     assert entry.source_lsn == key_floor == lsn.parse_lsn(response[lsn.LSN_HEADER])
     assert entry.value["status"] == SessionStatus.QUEUED and entry.value["token_count"] == 0
+
+
+@pytest.fixture
+def server_binding_alias():
+    """A connection to the test database with psycopg's server-side binding (which cannot send two
+    statements in one execute): Django picks the cursor class when a connection opens, so an alias
+    of this test's own."""
+    from django.db.backends.postgresql.base import DatabaseWrapper
+
+    alias = "server_binding"
+    settings_dict = dict(connections["default"].settings_dict)
+    settings_dict["OPTIONS"] = {**{k: v for k, v in settings_dict.get("OPTIONS", {}).items() if k != "pool"},
+                                "server_side_binding": True}
+    connections[alias] = DatabaseWrapper(settings_dict, alias)
+    yield alias
+    connections[alias].close()
+    del connections[alias]
+
+
+def test_the_admission_holds_with_server_side_binding(tenant, tiny_model, server_binding_alias):
+    from metadata.sessions.admission import insert_within_quota
+
+    tenant.max_live_generations = 2
+    tenant.save()
+    made = lambda: Session(tenant=tenant, target=tiny_model, drafter="ngram", queue="cpu", prompt="x", prompt_tokens=1)
+    first, second, third = made(), made(), made()
+    assert connections[server_binding_alias].settings_dict["OPTIONS"]["server_side_binding"]
+    admitted = [insert_within_quota(session, using=server_binding_alias) for session in (first, second, third)]
+    assert [a.created for a in admitted] == [True, True, False]
+    assert [a.live for a in admitted] == [0, 1, 2] and admitted[2].limit == 2 and admitted[2].own_limit
+    assert set(Session.objects.filter(tenant=tenant).values_list("pk", flat=True)) == {first.pk, second.pk}
+    assert third._state.adding and not first._state.adding  # refused: not marked as saved
