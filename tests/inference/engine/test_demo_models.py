@@ -18,8 +18,8 @@ from inference.demo.builder import (
     DemoBuildConfig,
     build_demo_models,
     copy_matching_weights,
+    main,
 )
-from inference.demo.cli import main
 from inference.demo.prompts import load_heldout_prompts
 from inference.demo.tokenizer_builder import train_tokenizer
 from inference.demo.training import (
@@ -278,7 +278,7 @@ def test_cli_refuses_cuda_where_there_is_none(tmp_path, capsys):
 
 
 def test_dspark_overrides_change_the_dspark_build_and_only_it():
-    from inference.demo.cli import _with_dspark_overrides
+    from inference.demo.builder import _with_dspark_overrides
     base = DemoBuildConfig()
     changed = _with_dspark_overrides(base, 90.0, 512)
     assert (changed.dspark.budget_s, changed.dspark.sequences) == (90.0, 512)
