@@ -48,19 +48,17 @@ def generate(self, session_id: str, tenant=None, deferrals: int = 0) -> str:
 
     # The session was written a moment ago by the API: a replica may not have replayed it yet.
     with primary_only():
-        share = claim_share.current()
-        if share is None:
-            return run_session(session_id, submit=lambda job: device_loop().submit(job))
-        if tenant is None:
-            tenant = session_tenant(session_id)
-        if not share.try_take(tenant):
-            if defer(self, session_id, tenant, deferrals):
+        share, holds = claim_share.current(), False
+        if share is not None:
+            tenant = tenant if tenant is not None else session_tenant(session_id)
+            holds = share.try_take(tenant)
+            # over its share: back to the broker (if the broker refuses it, it runs over the share)
+            if not holds and defer(self, session_id, tenant, deferrals):
                 return DEFERRED
-            share = None  # the broker refused the message back: run it over the share
         try:
             return run_session(session_id, submit=lambda job: device_loop().submit(job))
         finally:
-            if share is not None:
+            if holds:
                 share.give_back(tenant)
 
 
