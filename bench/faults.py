@@ -491,6 +491,8 @@ class FaultBench:
             worker = self.worker_of(session_id)
             if row["status"] != "running" or worker is None:
                 self.missed[kind] = self.missed.get(kind, 0) + 1
+                say(f"  {kind} {run + 1}: missed (status {row['status']}, worker {row['worker']!r}, "
+                    f"{committed(session_id)} of {len(expected.tokens)} tokens committed)")
                 continue
             at_fault, started = committed(session_id), time.monotonic()
             if kind == "pause":
@@ -522,13 +524,15 @@ class FaultBench:
                 finished_at = read(lambda sid=session_id: session_row(sid))["finished_at"]
                 if finished_at is not None and finished_at <= down_at:
                     self.missed[kind] = self.missed.get(kind, 0) + 1
+                    say(f"  {kind} {run + 1}: missed (the session ended {down_at - finished_at} before the "
+                        f"service was down, {at_fault} of {len(expected.tokens)} tokens committed at the fault)")
                     continue
                 note = f"restarted in {time.monotonic() - started:.1f} s at {at_fault} tokens on {worker.role}"
             # A woken run writes, if anything lets it, in its next step: give it a few leases' time.
             settle = 3 * self.args.lease if kind in ("pause", "partition") else 0.0
             self.record(kind, run, session_id, prompt, note, settle=settle)
             return
-        say(f"{kind} {run + 1}: every fault came after the session ended (generation too short?)")
+        say(f"{kind} {run + 1}: no attempt hit a running session (every fault came too late; see the lines above)")
 
     def revive(self) -> None:
         """Start again a worker that exited on its own, as the unit's ``Restart=on-failure`` does

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 
-from django.db import close_old_connections, connections
+from django.db import connections
 
 from core import tracing
 from inference.conf import conf
-from inference.worker import metrics
+from inference.worker import metrics, database_retry
 from inference.worker.lifecycle import write_end
 from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
 from inference.worker.session_job import SessionEnd
@@ -35,7 +35,6 @@ from inference.worker.write_behind import MAX_ITEMS, WriteBehind
 
 logger = logging.getLogger(__name__)
 
-FLUSH_RETRY_S = 0.5  # between two tries of a failed flush (see _write)
 END_WRITERS = 4  # threads writing sessions' ends (each its own transactions), after their flush
 
 
@@ -104,28 +103,23 @@ class BatchOutput:
                ends: list[SessionEnd], publishes: int = 0) -> None:
         """Commit one flush, then write the ends that waited for it, once the first ``publishes``
         stream publishes are done. A failed flush (PostgreSQL restarting, a connection cut) is
-        tried again for up to half a lease — its transaction rolled back whole and its inserts
-        idempotent, so a retry duplicates nothing — before it fails the sessions ending with it;
-        meanwhile the fence still refuses a run taken over."""
+        tried again (database_retry: half a lease, at least 10 s) — its transaction rolled back whole
+        and its inserts idempotent, so a retry duplicates nothing — before it fails the sessions
+        ending with it; the fence refuses the rows of a run taken over meanwhile."""
         self._wait_for_publishes(publishes)
+
+        def flush() -> None:
+            with tracing.batch_write(traces, len(pending)):
+                stale = self.recorder.write(pending)
+            if stale:
+                self.stale.put(stale)
+
         failure = ""
-        give_up = time.monotonic() + conf.SESSION_LEASE_S / 2
-        while True:
-            try:
-                with tracing.batch_write(traces, len(pending)):
-                    stale = self.recorder.write(pending)
-                if stale:
-                    self.stale.put(stale)
-                failure = ""
-                break
-            except Exception as error:
-                close_old_connections()
-                failure = f"{type(error).__name__}: {error}"
-                if time.monotonic() + FLUSH_RETRY_S >= give_up:
-                    logger.exception("a batch flush of %d rows failed", len(pending))
-                    break
-                logger.warning("a batch flush of %d rows failed (%s); trying again", len(pending), failure)
-                time.sleep(FLUSH_RETRY_S)
+        try:  # any error: a flush that fails for good fails its sessions, whatever the cause
+            database_retry.retrying(flush, f"a batch flush of {len(pending)} rows", retry_on=(Exception,))
+        except Exception as error:
+            logger.exception("a batch flush of %d rows failed", len(pending))
+            failure = f"{type(error).__name__}: {error}"
         for end in ends:
             self._enders.submit(self._write_end, end, failure)
 

@@ -16,8 +16,9 @@
   ended in two halves: the loop thread computes its outcome (`session_end`), and the writer
   thread writes it after the flush of its rows (`write_end`): `finish_session`, the prediction
   cache for a success, the request's metrics, the trace's end, and last ``job.done``, which wakes
-  the task thread (Celery's late ack then means "written"). A write that fails still ends the
-  session, as failed. The task ends the sessions that never reach the loop or that the loop
+  the task thread (Celery's late ack then means "written"). The claim, the flushes and the end
+  are tried again while PostgreSQL is out of reach (database_retry); a write that still fails
+  ends the session, as failed. The task ends the sessions that never reach the loop or that the loop
   never answers; the reconciler ends (`fail_abandoned`) or re-enqueues (`requeue`) the sessions
   no worker will finish.
 """
@@ -38,7 +39,7 @@ from core import latency_budget
 from inference.conf import conf
 from inference.engine.batch.engine import BatchRequest
 from inference import affinity
-from inference.worker import canary, metrics, suffix_feed
+from inference.worker import canary, metrics, suffix_feed, database_retry
 from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
@@ -132,11 +133,14 @@ def finished_before(job: SessionJob) -> str | None:
 def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
     """Generate for ``session_id`` in the device's batch (``submit`` hands it to the batching
     loop, batching_loop.DeviceBatchLoop.submit); return its final status."""
-    session = Session.objects.select_related("target", "draft").get(pk=session_id)
+    session = database_retry.retrying(lambda: Session.objects.select_related("target", "draft").get(pk=session_id),
+                                      f"reading session {session_id}")
     if session.status in TERMINAL:
         return session.status  # a redelivery of a finished task does nothing
     claimed_at = time.monotonic()  # before the claim's UPDATE: the lease runs from later than this
-    if claim(session) is None:
+    # a claim whose commit went through but whose answer was lost finds the lease held: the
+    # session then waits for its lease to lapse and the reconciler (a resumed run, as a crash)
+    if database_retry.retrying(lambda: claim(session), f"claiming session {session.pk}") is None:
         return Session.objects.get(pk=session.pk).status  # another worker holds it
     if session.attempts > conf.MAX_ATTEMPTS:
         finish_session(session, SessionStatus.FAILED,
@@ -288,9 +292,12 @@ def write_outcome(end: SessionEnd) -> str | None:
     failed, "", or None when the run's fence was stale (nothing written)."""
     job, recorder = end.job, end.recorder
     try:
-        written = end_session(job.session, end.status, error=end.error, finish_reason=end.finish_reason,
-                              token_ids=recorder.token_ids, text=end.text, stats=end.stats,
-                              next_step=recorder.step)
+        # a try whose commit went through but whose answer was lost finds the session ended: None
+        written = database_retry.retrying(
+            lambda: end_session(job.session, end.status, error=end.error, finish_reason=end.finish_reason,
+                                token_ids=recorder.token_ids, text=end.text, stats=end.stats,
+                                next_step=recorder.step),
+            f"writing the end of session {job.session.pk}")
         if written is None:  # stale, or ended by another hand: this run's result is not the session's
             return None
         if written == SessionStatus.SUCCEEDED:

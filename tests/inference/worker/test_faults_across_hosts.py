@@ -61,7 +61,7 @@ def test_worker_hosts_reach_the_services_host_until_cut_off(tmp_path):
 def test_every_session_ends_once_through_pauses_partitions_kills_and_restarts():
     bench = subprocess.Popen(
         [sys.executable, "bench/faults.py", "--hosts", "netns", "--runs", "1", "--cases", ",".join(CASES),
-         "--max-tokens", "400", "--lease", "2", "--requeue-after", "5", "--reconcile-every", "0.5",
+         "--max-tokens", "900", "--lease", "2", "--requeue-after", "5", "--reconcile-every", "0.5",
          "--deadline", "90"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -24,6 +24,7 @@ from inference.engine.config import GenerationConfig
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from inference.models import ModelVersion
+from inference.worker import database_retry
 from inference.worker.batching_loop import DeviceBatchLoop
 from inference.worker.recorder import SessionRecorder
 from inference.worker.session_job import SessionJob
@@ -342,9 +343,10 @@ def test_a_flush_whose_connection_was_cut_is_tried_again_and_its_sessions_succee
 
 @on_the_services
 def test_a_flush_that_fails_ends_its_sessions_failed_once_and_the_writer_goes_on(
-        settings, tenant, target, new_loop):
+        settings, monkeypatch, tenant, target, new_loop):
     settings.SPECOPS_TOKEN_FLUSH_MS = 60_000
     settings.SPECOPS_SESSION_LEASE_S = 0.5  # no time to try the flush again: it fails its sessions
+    monkeypatch.setattr(database_retry, "RETRY_FOR_AT_LEAST_S", 0.0)
     steps = 2
     loop = new_loop(ScriptedEngine(3, steps))
     jobs = hand_over(loop, tenant, target, 3, max_new_tokens=steps * STEP_TOKENS)
