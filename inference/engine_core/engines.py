@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
@@ -62,21 +62,31 @@ class LocalEngines:
     def idle_pairs(self) -> list[Pair]:
         return [pair for pair, engine in self.engines.items() if not engine.has_work()]
 
-    def step(self, wait: bool = False) -> list[StepReport]:
-        """One step of every engine with work (``wait`` is the core client's; stepping here never waits)."""
-        return [self._step(pair, engine) for pair, engine in list(self.engines.items()) if engine.has_work()]
+    def step(self, wait: bool = False, send: Callable[[StepReport], None] | None = None) -> list[StepReport]:
+        """One step of every engine with work (``wait`` is the core client's; stepping here never
+        waits). A step's early report (its newcomers' first tokens, before the batch's decode
+        forward: BatchedSpeculativeEngine.step) goes to ``send`` at once, or first in the list."""
+        reports: list[StepReport] = []
+        for pair, engine in list(self.engines.items()):
+            if engine.has_work():
+                reports.append(self._step(pair, engine, send or reports.append))
+        return reports
 
-    def _step(self, pair: Pair, engine) -> StepReport:
+    def _step(self, pair: Pair, engine, send: Callable[[StepReport], None]) -> StepReport:
         started = time.perf_counter()
+
+        def early(events) -> None:
+            self._forget_finished(events)
+            # steps: as the step's own report will count it (the engine counts a step once it is done)
+            send(StepReport(pair, events, timing=engine.last_step_timing, steps=engine.steps + 1, early=True))
+
         try:
-            events = engine.step()
+            events = engine.step(early=early)
         except Exception as error:  # a failed forward fails every session of this engine
             logger.exception("batch step failed; failing its %d sessions", engine.active)
             self.engines.pop(pair, None)
             return StepReport(pair, failure=f"{type(error).__name__}: {error}")
-        for event in events:
-            if event.finished:
-                self._pair_of.pop(event.request_id, None)
+        self._forget_finished(events)
         report = StepReport(pair, events, list(engine.forward_log), timing=engine.last_step_timing,
                             steps=getattr(engine, "steps", 0), seconds=time.perf_counter() - started,
                             prefix_cache=replace(self.prefix_cache.stats) if self.prefix_cache.enabled else None)
@@ -88,6 +98,11 @@ class LocalEngines:
         if policy is not None and report.steps % STEP_COST_EXPORT_EVERY == 1:  # the first step, then every so often
             report.step_costs = {"target": policy.target_costs, "draft": policy.draft_costs}
         return report
+
+    def _forget_finished(self, events) -> None:
+        for event in events:
+            if event.finished:
+                self._pair_of.pop(event.request_id, None)
 
     def drop(self, pairs, keep: frozenset[int] | set[int] = frozenset()) -> list[Pair]:
         """Drop the idle engines of ``pairs`` and unload their versions that no engine left uses and

@@ -59,7 +59,7 @@ class EngineCore:
             busy = self.engines.has_work()
             if self.inbox.poll(0 if busy else IDLE_POLL_MS):
                 self._take_messages()
-            for report in self.engines.step():
+            for report in self.engines.step(send=self._send):  # early reports are sent from within
                 self._send(report)
             if time.monotonic() - self._last_sent >= HEARTBEAT_S:
                 self._send(Heartbeat(time.time()))

@@ -142,6 +142,7 @@ class StepReport:
     seconds: float = 0.0  # the step's wall time in the engine (what the front's handling must stay below)
     failure: str = ""
     prefix_cache: PrefixCacheStats | None = None  # the device's prefix cache after the step (a copy)
+    early: bool = False  # the step's newcomers' first tokens, sent before its decode forward (no costs)
 
 
 @dataclass(frozen=True)

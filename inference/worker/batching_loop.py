@@ -170,7 +170,7 @@ class DeviceBatchLoop:
         for report in self.host.step(wait=busy):
             started = time.perf_counter()
             self._take(report)
-            if isinstance(report, StepReport) and not report.failure:
+            if isinstance(report, StepReport) and not report.failure and not report.early:
                 self._observe_overhead(report.seconds, time.perf_counter() - started)
         if not busy:
             return

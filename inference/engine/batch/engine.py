@@ -255,8 +255,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
 
     # -- one step -------------------------------------------------------------------------
 
-    def step(self) -> list[RowEvent]:
-        """Run one verification step for every row; return an event per row that ran or ended."""
+    def step(self, early: Callable[[list[RowEvent]], None] | None = None) -> list[RowEvent]:
+        """Run one verification step for every row; return an event per row that ran or ended.
+        ``early``, when given, gets the events of the step so far — ends, and the prefill lane's
+        rows (a newcomer's first token) — before the batch's decode forward, which they need not
+        wait for; they are then not returned."""
         events: list[RowEvent] = []
         self.last_step_timing = None
         now = time.monotonic()
@@ -291,6 +294,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
             events.extend(self._prefill_lane_step(self._chunk))
             prefill_seconds = time.perf_counter() - lane_started
         self.last_step_timing = StepTiming(started_ns, 0.0, 0.0, 0, self.steps, prefill_seconds)
+        if early is not None and self.rows and any(event.step.token_ids for event in events):
+            early(events)
+            events = []
         if self.rows:
             events.extend(self._decode_step(started_ns, prefill_seconds))
         self._leave([row for row in self.rows + self.lane_rows if row.finish_reason is not None])

@@ -155,3 +155,39 @@ def test_the_core_process_imports_no_django_orm_redis_or_celery():
              "      ('django', 'celery', 'kombu', 'redis', 'psycopg', 'rest_framework', 'metadata', 'core')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_newcomers_first_token_is_reported_before_the_batch_decodes(core, specs):
+    """A newcomer's prefill-lane token goes out in an early report, ahead of the decode forward of
+    the rows already running (which it does not join until the next step), and it is still the
+    target's own greedy output."""
+    target_spec, draft_spec = specs
+    local_models = ModelResidency(capacity=4)
+    target, draft = local_models.get(target_spec), local_models.get(draft_spec)
+    [newcomer] = requests(target.tokenizer, ["draft_model"], max_new_tokens=8)[:1]
+    engine = LocalEngines(SETTINGS, local_models)
+    engine.submit((1, 2), newcomer, target, draft, None)
+    alone, _ = run_to_end(engine, {newcomer.request_id})
+
+    remote_target = RemoteModel(target_spec, target.tokenizer)
+    remote_draft = RemoteModel(draft_spec, target.tokenizer)
+    running = requests(target.tokenizer, ["draft_model", "none", "ngram", "draft_model"], max_new_tokens=200)[1:]
+    for request in running:
+        core.submit((1, 2), request, remote_target, remote_draft, None)
+    decoding: list = []
+    wait_for(lambda: decoding.extend(report for report in core.step(wait=True) if isinstance(report, StepReport)
+                                     and any(event.step.token_ids for event in report.events)) or decoding,
+             timeout=60, interval=0, what="the running rows to decode")
+    newcomer = requests(target.tokenizer, ["draft_model"], max_new_tokens=8)[0]
+    core.submit((1, 2), newcomer, remote_target, remote_draft, None)
+    got, reports = run_to_end(core, {newcomer.request_id} | {request.request_id for request in running})
+    assert got[newcomer.request_id] == alone[next(iter(alone))]
+    steps = [report for report in reports if isinstance(report, StepReport)]
+    first = next(index for index, report in enumerate(steps)
+                 if any(event.request_id == newcomer.request_id for event in report.events))
+    early = steps[first]
+    assert early.early and [event.request_id for event in early.events] == [newcomer.request_id], early
+    assert len(early.events[0].step.token_ids) == 1 and not early.forward_log  # its first token, no costs
+    following = steps[first + 1]  # the same step's decode of the running rows, reported after it
+    assert not following.early and following.steps == early.steps
+    assert {event.request_id for event in following.events} <= {request.request_id for request in running}

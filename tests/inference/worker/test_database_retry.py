@@ -88,5 +88,7 @@ def test_the_window_closes_with_the_last_error(settings, monkeypatch):
     started = time.monotonic()
     with pytest.raises(OperationalError):
         database_retry.retrying(always_cut, "a read that never gets through")
-    # tried every 0.5 s within 1.2 s: three tries, the last error raised once the window closed
-    assert len(tries) == 3 and 0.9 < time.monotonic() - started < 5
+    # tried every 0.5 s within 1.2 s (two or three tries, as fast as each cut is), then the last
+    # error raised once no try fits in the window
+    elapsed = time.monotonic() - started
+    assert 2 <= len(tries) <= 3 and 0.5 <= elapsed < 1.2 + 2.0, (len(tries), elapsed)

@@ -202,7 +202,7 @@ class KeyedEngine:
     def has_work(self) -> bool:
         return bool(self.rows)
 
-    def step(self) -> list[RowEvent]:
+    def step(self, early=None) -> list[RowEvent]:  # no prefill lane: nothing goes early
         time.sleep(0.01)
         events = []
         for request_id, state in list(self.rows.items()):
@@ -238,7 +238,9 @@ def test_the_loop_refuses_a_second_row_for_a_session_and_the_older_run_leaves(te
     old = job_for(session)
     loop.inbox.put(old)
     try:
+        deadline = time.monotonic() + 60
         while len(old.recorder.token_ids) < 6:
+            assert time.monotonic() < deadline and not old.done.is_set(), "the old run never made 6 tokens"
             loop._run_once()
         loop.writes.join()
         lapse(session)

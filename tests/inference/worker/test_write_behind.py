@@ -161,7 +161,7 @@ class ScriptedEngine:
     def has_work(self) -> bool:
         return len(self.requests) == self.sessions and self.taken < self.steps
 
-    def step(self) -> list[RowEvent]:
+    def step(self, early=None) -> list[RowEvent]:  # no prefill lane: nothing goes early
         if self.fail is not None:
             raise self.fail
         step, self.taken = self.taken, self.taken + 1
