@@ -57,7 +57,7 @@ the unfaulted run missing from the session's rows), ``duplicate_tokens`` (rows o
 another row has), ``over_max_tokens`` (sessions with more tokens than asked for) and
 ``text_mismatch`` (sessions whose text is not the unfaulted run's).
 
-    .venv/bin/python bench/faults.py [--runs 5] [--max-tokens 300] [--redis-db 15]
+    .venv/bin/python bench/faults.py [--runs 5] [--max-tokens 900] [--redis-db 15]
     .venv/bin/python bench/faults.py --hosts netns [--runs 5] [--cases pause,partition,...]   (root)
 
 Last line: ``RESULT kill_child_ok=<k>/<n> kill_worker_ok=<k>/<n> broker_flush_ok=<k>/<n>
@@ -592,7 +592,8 @@ def main() -> None:
                              "workers on network-namespace hosts of the bench's own (root)")
     parser.add_argument("--cases", default="", help="comma-separated faults to run (default: all of --hosts' "
                                                     f"cases: {', '.join(NETNS_CASES)} with netns)")
-    parser.add_argument("--max-tokens", type=int, default=300)
+    parser.add_argument("--max-tokens", type=int, default=900,
+                        help="per session (the tiny pair makes ~500 a second: shorter runs end before most faults)")
     parser.add_argument("--concurrency", type=int, default=2, help="task threads of the worker")
     parser.add_argument("--lease", type=float, default=3.0, help="SPECOPS_SESSION_LEASE_S")
     parser.add_argument("--requeue-after", type=float, default=10.0, help="SPECOPS_RECONCILE_QUEUED_S")
