@@ -191,3 +191,23 @@ def test_a_newcomers_first_token_is_reported_before_the_batch_decodes(core, spec
     following = steps[first + 1]  # the same step's decode of the running rows, reported after it
     assert not following.early and following.steps == early.steps
     assert {event.request_id for event in following.events} <= {request.request_id for request in running}
+
+
+def test_in_the_loops_own_thread_the_early_report_comes_first_in_the_steps_list(specs):
+    """SPECOPS_ENGINE_CORE=thread: LocalEngines.step without a sender lists a step's early report
+    (the newcomer's first token) before the same step's decode report."""
+    target_spec, draft_spec = specs
+    local_models = ModelResidency(capacity=4)
+    target, draft = local_models.get(target_spec), local_models.get(draft_spec)
+    engines = LocalEngines(SETTINGS, local_models)
+    running = requests(target.tokenizer, ["draft_model", "none"], max_new_tokens=100)
+    for request in running:
+        engines.submit((1, 2), request, target, draft, None)
+    while not any(event.step.token_ids for report in engines.step() for event in report.events):
+        pass
+    newcomer = requests(target.tokenizer, ["ngram"] * 3, max_new_tokens=8)[2]  # a prompt of its own
+    engines.submit((1, 2), newcomer, target, draft, None)
+    reports = engines.step()
+    assert [report.early for report in reports] == [True, False]
+    assert [event.request_id for event in reports[0].events] == [newcomer.request_id]
+    assert {event.request_id for event in reports[1].events} == {request.request_id for request in running}
