@@ -27,7 +27,7 @@ from django.db import connections
 
 from core import tracing
 from inference.conf import conf
-from inference.worker import metrics, database_retry
+from inference.worker import database_retry, metrics
 from inference.worker.lifecycle import write_end
 from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
 from inference.worker.session_job import SessionEnd

@@ -1,7 +1,7 @@
 """A worker's reads and writes tried again while PostgreSQL is briefly out of reach (a restart, a cut
 connection), so a database restart of a second fails no session.
 
-A write is tried every ``RETRY_EVERY_S`` for half a lease and at least ``RETRY_FOR_AT_LEAST_S``.
+A statement is tried every ``RETRY_EVERY_S`` for half a lease and at least ``RETRY_FOR_AT_LEAST_S``.
 A retry past the lease is safe: every write of a run is fenced (fencing.py), so the rows or the
 end of a run that another has taken over meanwhile are refused, never written twice.
 Hand-written rather than a retry library's decorator: each try must first give the thread's
@@ -31,12 +31,12 @@ def retry_window_s() -> float:
     return max(conf.SESSION_LEASE_S / 2, RETRY_FOR_AT_LEAST_S)
 
 
-def retrying(write: Callable[[], T], what: str, retry_on: tuple[type[BaseException], ...] = UNREACHABLE) -> T:
-    """``write()``, tried again on ``retry_on`` until the window closes; the last error is raised."""
+def retrying(attempt: Callable[[], T], what: str, retry_on: tuple[type[BaseException], ...] = UNREACHABLE) -> T:
+    """``attempt()``, tried again on ``retry_on`` until the window closes; the last error is raised."""
     give_up = time.monotonic() + retry_window_s()
     while True:
         try:
-            return write()
+            return attempt()
         except retry_on as error:
             close_old_connections()
             if time.monotonic() + RETRY_EVERY_S >= give_up:

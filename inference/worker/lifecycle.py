@@ -39,7 +39,7 @@ from core import latency_budget
 from inference.conf import conf
 from inference.engine.batch.engine import BatchRequest
 from inference import affinity
-from inference.worker import canary, metrics, suffix_feed, database_retry
+from inference.worker import canary, database_retry, metrics, suffix_feed
 from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
