@@ -9,17 +9,24 @@ broker's priorities, and the batching engine's fair admission and preemption acr
 which the worker claims ``--claims`` sessions (task threads) for its ``--max-batch`` rows
 (``--no-fair``: the engine's first in, first out, and as many claims as rows, as before).
 
-1. **Streams.** ``GET /api/v1/models/`` is timed every 20 ms for ``--probe-s`` seconds alone
+1. **Noisy tenant.** ``--quiet-clients`` clients of a quiet tenant each make ``--quiet-requests``
+   generations, one every ``--quiet-interval-s``, and time each one's first token (``POST
+   /api/v1/generations/`` to the first ``tokens`` event of its stream): alone, then while a noisy
+   tenant submits ``--noisy-factor`` times the quiet tenant's rate of generations
+   (``--noisy-tokens`` each; past its quota it gets 429s and keeps flooding). The noisy tenant is
+   a client process of its own (two tenants' clients do not share an event loop); both client
+   processes freeze their startup objects out of garbage collection (a 250 ms full collection
+   of the client's own was measured as the server's time before).
+
+2. **Streams.** ``GET /api/v1/models/`` is timed every 20 ms for ``--probe-s`` seconds alone
    (the baseline), then ``--streams`` session streams are opened (``GET
    /api/v1/sessions/{id}/stream/`` on queued sessions of a tenant of their own, which no worker
    runs) and the same probe runs while they are all open; the Redis connections the web process
    holds for them are counted (``CLIENT LIST``). Then a ``done`` is published on every stream (as
    a worker ends a session) and each stream must end with it.
-2. **Noisy tenant.** ``--quiet-clients`` clients of a quiet tenant each make ``--quiet-requests``
-   generations, one every ``--quiet-interval-s``, and time each one's first token (``POST
-   /api/v1/generations/`` to the first ``tokens`` event of its stream): alone, then while a noisy
-   tenant submits ``--noisy-factor`` times the quiet tenant's rate of longer generations
-   (``--noisy-tokens`` each; past its quota it gets 429s and keeps flooding).
+   Phase 2 starts once the noisy backlog has drained (it must not fall into the streams' probe);
+   it runs second because 2,000 streams closing leave the web process hundreds of thousands of
+   objects to collect, which must not fall into the quiet tenant's time alone.
 
 A server error is any 5xx or failed connection, in every phase.
 
@@ -35,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import gc
 import multiprocessing as mp
 import os
 import secrets
@@ -223,6 +231,7 @@ async def open_streams(args, base_url: str, tokens: dict, sessions: list[str], s
 
 
 POST_MS: dict[str, float] = {}  # each quiet session's POST, to its 202
+STREAM_OPEN_MS: dict[str, float] = {}  # ... and to its stream's response headers
 
 
 async def first_token_ms(client, model: str, max_tokens: int, number: int, statuses) -> tuple[float | None, str]:
@@ -239,6 +248,7 @@ async def first_token_ms(client, model: str, max_tokens: int, number: int, statu
     POST_MS[session_id] = (time.perf_counter() - started) * 1000
     async with client.stream("GET", f"/api/v1/sessions/{session_id}/stream/") as stream:
         statuses[stream.status_code] += 1
+        STREAM_OPEN_MS[session_id] = (time.perf_counter() - started) * 1000
         async for line in stream.aiter_lines():
             if line.startswith("event: tokens") and first is None:
                 first = (time.perf_counter() - started) * 1000
@@ -275,8 +285,8 @@ def httpx_error():
     return httpx2.HTTPError
 
 
-async def noisy_tenant(args, client, model: str, statuses, stop: asyncio.Event) -> int:
-    """Submit generations at ``--noisy-factor`` times the quiet tenant's rate, whatever the answers."""
+async def noisy_tenant(args, client, model: str, statuses, stop) -> int:
+    """Submit generations at ``--noisy-factor`` times the quiet tenant's rate until ``stop`` is set."""
     rate = args.noisy_factor * args.quiet_clients / args.quiet_interval_s
     submitted, pending = 0, set()
 
@@ -299,32 +309,84 @@ async def noisy_tenant(args, client, model: str, statuses, stop: asyncio.Event) 
     return submitted
 
 
-async def tenants(args, base_url: str, tokens: dict, model: str, statuses, log) -> dict:
+def noisy_process(args, base_url: str, token: str, model: str, ready, stop, results) -> None:
+    """The noisy tenant as a client of its own (another process): its requests' CPU and its loop
+    are not the quiet client's, as two tenants' clients are not on one machine."""
+    gc.freeze()  # as the quiet client's process does (settle)
+
+    async def flood() -> tuple[int, dict]:
+        statuses: collections.Counter = collections.Counter()
+        async with tenant_client(base_url, token) as client:
+            ready.set()  # imported and connected: the lead and the quiet tenant's timing start now
+            submitted = await noisy_tenant(args, client, model, statuses, stop)
+        return submitted, dict(statuses)
+
+    results.put(asyncio.run(flood()))
+
+
+def tenant_client(base_url: str, token: str):
     import httpx2
 
-    def client_of(name: str):
-        return httpx2.AsyncClient(base_url=base_url, headers={"Authorization": f"Token {tokens[name]}"},
-                                  timeout=httpx2.Timeout(60, read=120),
-                                  limits=httpx2.Limits(max_connections=200, max_keepalive_connections=200))
+    return httpx2.AsyncClient(base_url=base_url, headers={"Authorization": f"Token {token}"},
+                              timeout=httpx2.Timeout(60, read=120),
+                              # idle connections dropped before the server's keep-alive (gunicorn's 2 s)
+                              # closes them: a reuse racing that close is a reset of the client's own
+                              limits=httpx2.Limits(max_connections=200, max_keepalive_connections=200,
+                                                   keepalive_expiry=1.0))
 
-    async with client_of("quiet") as quiet, client_of("noisy") as noisy:
+
+async def settle(base_url: str, token: str, baseline_p95_ms: float, log) -> None:
+    """Wait (at most 15 s) until five GET {PROBE_PATH} in a row answer within twice the probe's
+    p95 alone: the web process is warm and idle before the quiet tenant is timed alone."""
+    gc.collect()  # this process's garbage from the phase before, not during a measurement,
+    gc.freeze()  # and its modules (Django, torch) out of its full collections: a 250 ms pause here is the client's
+    started, in_a_row = time.perf_counter(), 0
+    async with tenant_client(base_url, token) as client:
+        while in_a_row < 5 and time.perf_counter() - started < 15:
+            began = time.perf_counter()
+            await client.get(PROBE_PATH)
+            in_a_row = in_a_row + 1 if (time.perf_counter() - began) * 1000 <= 2 * baseline_p95_ms else 0
+            await asyncio.sleep(0.1)
+    log(f"settled in {time.perf_counter() - started:.1f} s")
+
+
+async def tenants(args, base_url: str, tokens: dict, model: str, statuses, baseline_p95_ms: float, log) -> dict:
+    await settle(base_url, tokens["quiet"], baseline_p95_ms, log)
+    async with tenant_client(base_url, tokens["quiet"]) as quiet:
         warm, _ = await first_token_ms(quiet, model, args.quiet_tokens, -1, statuses)  # the worker loads the pair
         log(f"warm-up generation: first token {warm or float('nan'):.0f} ms")
         alone, alone_ids = await quiet_tenant(args, quiet, model, statuses, 1)
         log(f"quiet alone: {len(alone)} generations, TTFT p50 {percentile(alone, 0.5):.0f} ms, "
             f"p95 {percentile(alone, 0.95):.0f} ms")
-        stop = asyncio.Event()
-        flood = asyncio.create_task(noisy_tenant(args, noisy, model, statuses, stop))
+        ctx = mp.get_context("spawn")
+        ready, stop, results = ctx.Event(), ctx.Event(), ctx.Queue()
+        flood = ctx.Process(target=noisy_process, args=(args, base_url, tokens["noisy"], model, ready, stop, results))
+        flood.start()
+        await asyncio.to_thread(ready.wait, 120)  # its imports (seconds of CPU) are not part of the flood
         await asyncio.sleep(args.noisy_lead_s)  # the noisy tenant's backlog builds up first
         flood_started = time.time()
         loaded, loaded_ids = await quiet_tenant(args, quiet, model, statuses, 2)
         flood_ended = time.time()
         stop.set()
-        submitted = await flood
+        submitted, noisy_statuses = await asyncio.to_thread(results.get, timeout=180)
+        flood.join()
+        statuses.update(noisy_statuses)
         log(f"quiet while the noisy tenant floods ({submitted} submitted): {len(loaded)} generations, "
             f"TTFT p50 {percentile(loaded, 0.5):.0f} ms, p95 {percentile(loaded, 0.95):.0f} ms")
     return {"alone": alone, "loaded": loaded, "alone_ids": alone_ids, "loaded_ids": loaded_ids,
             "window": (flood_started, flood_ended)}
+
+
+def drain_noisy(log, timeout_s: float = 120) -> None:
+    """Wait until the noisy tenant has no queued or running session left."""
+    from metadata.models import Session
+    from metadata.models.sessions import LIVE_STATUSES
+
+    started = time.perf_counter()
+    while time.perf_counter() - started < timeout_s and Session.objects.filter(
+            tenant__name="bench-noisy", status__in=LIVE_STATUSES).exists():
+        time.sleep(0.5)
+    log(f"the noisy tenant's backlog drained in {time.perf_counter() - started:.1f} s")
 
 
 def noisy_share(window: tuple[float, float]) -> float:
@@ -382,6 +444,24 @@ def queue_waits_ms(session_ids: list[str]) -> list[float]:
         pk__in=session_ids, started_at__isnull=False).values_list("created_at", "started_at")]
 
 
+def slowest(ttfts: list[float], session_ids: list[str], count: int = 3) -> list[str]:
+    """The ``count`` slowest first tokens, each split: POST, stream headers (client, from the
+    POST's start), claimed, in the batch, first tokens in the worker (from the row's creation)."""
+    from metadata.models import Session
+
+    rows = {str(pk): (created, started, stats or {}) for pk, created, started, stats in Session.objects.filter(
+        pk__in=session_ids).values_list("pk", "created_at", "started_at", "stats")}
+    lines = []
+    for ms, session_id in sorted(zip(ttfts, session_ids), reverse=True)[:count]:
+        created, started, stats = rows.get(session_id, (None, None, {}))
+        claimed = (started - created).total_seconds() * 1000 if created and started else float("nan")
+        batch, first = ((stats.get(k) or float("nan")) * 1000 for k in ("queue_seconds", "ttft_seconds"))
+        lines.append(f"{ms:.0f} ms = POST {POST_MS.get(session_id, float('nan')):.0f}, headers "
+                     f"{STREAM_OPEN_MS.get(session_id, float('nan')):.0f} | claimed {claimed:.0f}, in the batch "
+                     f"{batch:.0f}, first tokens {first:.0f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", type=int, default=2000)
@@ -393,7 +473,7 @@ def main() -> None:
     parser.add_argument("--no-fair", action="store_true",
                         help="SPECOPS_FAIR_ADMISSION and SPECOPS_PREEMPTION off, and claims = rows (the baseline)")
     parser.add_argument("--quiet-clients", type=int, default=2)
-    parser.add_argument("--quiet-requests", type=int, default=15, help="generations per quiet client and phase")
+    parser.add_argument("--quiet-requests", type=int, default=25, help="generations per quiet client and phase")
     parser.add_argument("--quiet-interval-s", type=float, default=1.0)
     parser.add_argument("--quiet-tokens", type=int, default=16)
     parser.add_argument("--noisy-factor", type=float, default=10.0)
@@ -429,17 +509,19 @@ def main() -> None:
         alone = run_probe(args, base_url, tokens["quiet"], statuses)
         say(f"GET {PROBE_PATH} alone: {len(alone)} requests, p50 {percentile(alone, 0.5):.1f} ms, "
             f"p95 {percentile(alone, 0.95):.1f} ms")
+        fair = asyncio.run(tenants(args, base_url, tokens, model, statuses, percentile(alone, 0.95), say))
+        drain_noisy(say)  # the streams' probe does not share the machine with the noisy backlog
         opened = asyncio.run(open_streams(args, base_url, tokens, sessions, statuses, say))
         loaded = opened["loaded"]
         say(f"GET {PROBE_PATH} with {opened['open_at_end']} streams open: {len(loaded)} requests, "
             f"p50 {percentile(loaded, 0.5):.1f} ms, p95 {percentile(loaded, 0.95):.1f} ms, "
             f"p99 {percentile(loaded, 0.99):.1f} ms; the web process's stream connections to Redis: "
             f"{opened['connections']}")
-        fair = asyncio.run(tenants(args, base_url, tokens, model, statuses, say))
         share = noisy_share(fair["window"])
         preempted = preemptions(fair["window"])
         waits = {phase: queue_waits_ms(fair[f"{phase}_ids"]) for phase in ("alone", "loaded")}
         worker = {phase: worker_times_ms(fair[f"{phase}_ids"]) for phase in ("alone", "loaded")}
+        slowest_loaded = slowest(fair["loaded"], fair["loaded_ids"])
     finally:
         for process in reversed(processes):
             stop_process_group(process)
@@ -460,13 +542,18 @@ def main() -> None:
         f"{percentile(waits['alone'], 0.95):.0f} ms alone, {percentile(waits['loaded'], 0.95):.0f} ms loaded); "
         f"the noisy tenant's share of the tokens meanwhile: {share:.2f}; preemptions: {preempted}")
     posts = {phase: [POST_MS[i] for i in fair[f"{phase}_ids"] if i in POST_MS] for phase in ("alone", "loaded")}
+    opens = {phase: [STREAM_OPEN_MS[i] for i in fair[f"{phase}_ids"] if i in STREAM_OPEN_MS]
+             for phase in ("alone", "loaded")}
     for phase in ("alone", "loaded"):
         times = worker[phase]
         say(f"quiet {phase}, the worker's view: claimed -> in the batch p50/p95 {percentile(times['queue'], 0.5):.0f}/"
             f"{percentile(times['queue'], 0.95):.0f} ms after creation, first tokens p50/p95 "
             f"{percentile(times['ttft'], 0.5):.0f}/{percentile(times['ttft'], 0.95):.0f} ms after creation, "
             f"batch rows p50 {percentile(times['rows'], 0.5):.0f}; the client's POST p50/p95 "
-            f"{percentile(posts[phase], 0.5):.0f}/{percentile(posts[phase], 0.95):.0f} ms")
+            f"{percentile(posts[phase], 0.5):.0f}/{percentile(posts[phase], 0.95):.0f} ms, to its stream's "
+            f"headers {percentile(opens[phase], 0.5):.0f}/{percentile(opens[phase], 0.95):.0f} ms")
+    for line in slowest_loaded:
+        say(f"quiet loaded, one of the slowest: {line}")
     say(f"baseline: other_p95_ms alone {percentile(alone, 0.95):.1f}")
     say(f"RESULT streams_open={opened['open_at_end']} other_p95_ms={percentile(loaded, 0.95):.1f} "
         f"quiet_ttft_loaded_over_alone={ttft_ratio:.2f} noisy_share={share:.2f} server_errors={errors}")

@@ -10,6 +10,7 @@ from django.core.asgi import get_asgi_application
 from django.core.wsgi import get_wsgi_application
 
 from core.body_limit import BodyLimit
+from core.long_lived import freeze_long_lived
 from core.tracing import configure_tracing
 from core.view_mode_router import ViewModeRouter
 
@@ -19,3 +20,6 @@ configure_tracing("specops-web")
 # BodyLimit refuses an oversized body at its declared length, or cuts a chunked one off, before
 # Django reads it whole (core/body_limit.py)
 application = BodyLimit(ViewModeRouter(get_asgi_application(), get_wsgi_application()))
+# Django, DRF and the tokenizers' modules (with torch) live as long as the process: out of every
+# full collection from now on (core/long_lived.py)
+freeze_long_lived("web process")

@@ -6,6 +6,8 @@ threads meant 8 open streams stopped every other request). Sync views (the DRF A
 run in Django's thread pool. ``uvicorn_worker`` is the maintained home of ``UvicornWorker``
 (``uvicorn.workers`` is deprecated).
 """
+import os
+
 from prometheus_client import multiprocess
 
 worker_class = "uvicorn_worker.UvicornWorker"
@@ -16,5 +18,6 @@ graceful_timeout = 30  # streams still open after this are cut at shutdown
 
 
 def child_exit(server, worker) -> None:
-    """Drop a dead worker's live gauges from the shared PROMETHEUS_MULTIPROC_DIR."""
-    multiprocess.mark_process_dead(worker.pid)
+    """Drop a dead worker's live gauges from the shared PROMETHEUS_MULTIPROC_DIR (when there is one)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(worker.pid)

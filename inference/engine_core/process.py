@@ -48,7 +48,7 @@ class EngineCore:
     """The core's loop over its two sockets and its engines."""
 
     def __init__(self, settings: EngineSettings, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> None:
-        self.models = ModelResidency(settings.resident_models, settings.onednn_linear)
+        self.models = ModelResidency(settings.resident_models, settings.onednn_linear, freeze_loaded=True)
         self.engines = LocalEngines(settings, self.models)
         self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
         self._last_sent = time.monotonic()

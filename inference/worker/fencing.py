@@ -35,7 +35,6 @@ from django.db.models.functions import Now
 
 from inference.conf import conf
 from metadata.models import Session, SessionStatus
-from metadata.sessions.state import invalidate_session
 
 logger = logging.getLogger(__name__)
 
@@ -118,12 +117,13 @@ def claim(session: Session) -> int | None:
     database's clock) and return the run's fence, or None when another run holds it.
 
     The fence is read back in the claiming statement, so no other claim can come between; it is
-    also set on ``session.attempts``, which the run's writes carry from here on.
+    also set on ``session.attempts``, which the run's writes carry from here on. The session's
+    cached state is left to the caller (``invalidate_session``): run_session invalidates it once
+    the run is in the batch, off the path to its first token.
     """
     with connections["default"].cursor() as cursor:
         cursor.execute(_CLAIM_SQL, [conf.SESSION_LEASE_S, socket.gethostname(), session.pk, session.created_at])
         row = cursor.fetchone()
-    invalidate_session(session.pk)
     if row is None:
         return None
     session.attempts = row[0]

@@ -64,4 +64,7 @@ def preload_models(**kwargs) -> None:
     finally:
         from django.db import connections
 
+        from core.long_lived import freeze_long_lived
+
         connections.close_all()
+        freeze_long_lived(f"worker on {device}")  # its modules and models, out of every full collection
