@@ -15,12 +15,15 @@ from collections import OrderedDict
 logger = logging.getLogger(__name__)
 
 
-def keep_out_of_collections() -> None:
+def keep_out_of_collections(thaw_first: bool = False) -> None:
     """Freeze every object alive (a model's modules, parameters and kernels among them) out of
     CPython's full collections, which otherwise walk them all every few seconds under load: a
     gen-2 pause of 50-150 ms in the middle of a batch's steps, measured in the engine core (the
     web and the front do the same: core/long_lived.py; this side imports no Django). Only in a
-    process that lives with its models: what is frozen is never collected until thawed."""
+    process that lives with its models: what is frozen is never collected until thawed, so after
+    an eviction (``thaw_first``) everything is thawed, collected and frozen again."""
+    if thaw_first:
+        gc.unfreeze()
     gc.collect()
     gc.freeze()
 
@@ -57,25 +60,31 @@ class ModelResidency:
                         "; ".join(f"{key[1]}->{key[0]}: {choice.reason}" for key, choice in kernels.items())
                         or "torch's own")
             self._loaded[version.pk] = loaded
+            evicted_any = False
             while len(self._loaded) > self.capacity:
-                evicted, _ = self._loaded.popitem(last=False)
+                evicted = self._loaded.popitem(last=False)[0]  # the model itself not held here
+                self._forget_dspark(evicted)
+                evicted_any = True
                 logger.info("evicted model version %s", evicted)
             if self.freeze_loaded:
-                keep_out_of_collections()
+                keep_out_of_collections(thaw_first=evicted_any)
             return loaded
 
     def evict(self, version_id: int) -> bool:
         """Forget a loaded version (and its DSpark drafter); True when it was loaded."""
         with self._lock:
             was_loaded = self._loaded.pop(version_id, None) is not None
-            for key in [key for key in self._dspark if key[1] == version_id]:
-                del self._dspark[key]
+            self._forget_dspark(version_id)
         if was_loaded:
             logger.info("evicted model version %s", version_id)
             if self.freeze_loaded:  # what only the evicted model referred to may sit in frozen cycles
-                gc.unfreeze()
-                keep_out_of_collections()
+                keep_out_of_collections(thaw_first=True)
         return was_loaded
+
+    def _forget_dspark(self, version_id: int) -> None:
+        """Drop the DSpark drafters of target ``version_id`` (under the lock)."""
+        for key in [key for key in self._dspark if key[1] == version_id]:
+            del self._dspark[key]
 
     def loaded_ids(self) -> set[int]:
         with self._lock:

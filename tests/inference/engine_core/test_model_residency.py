@@ -38,6 +38,16 @@ def test_a_residency_that_does_not_live_with_its_models_freezes_nothing(target_s
     assert gc.get_freeze_count() == 0 and not frozen(loaded.model)
 
 
+def test_a_model_pushed_out_by_the_capacity_is_collected_too(tiny_model_dirs, target_spec, thawed):
+    residency = ModelResidency(capacity=1, freeze_loaded=True)
+    model = residency.get(target_spec).model
+    model.__dict__["_cycle"] = model
+    gone = weakref.ref(model)
+    del model
+    residency.get(ModelSpec(2, str(tiny_model_dirs[1]), label="tiny draft"))  # the LRU's one place
+    assert gone() is None, "a frozen cycle is never collected: the LRU's eviction must thaw it"
+
+
 def test_an_evicted_model_in_a_cycle_is_collected(target_spec, thawed):
     residency = ModelResidency(capacity=2, freeze_loaded=True)
     model = residency.get(target_spec).model
