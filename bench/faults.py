@@ -68,17 +68,13 @@ is 0/0).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import secrets
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,15 +88,26 @@ from bench.common import (  # noqa: E402
     recreate_database,
     say,
     register_tiny_pair,
-    stop_process_group,
 )
+from bench.fault_outcomes import (  # noqa: E402
+    TERMINAL,
+    Expected,
+    Outcome,
+    committed,
+    ended,
+    outcome,
+    read,
+    session_row,
+    submit,
+    token_rows,
+    wait,
+)
+from bench.fault_workers import LOG_DIR, ReconcilerThread, Worker, copy_models  # noqa: E402
 from scripts import netns_hosts  # noqa: E402
 
 BENCH_DB = "specops_bench_faults"
-LOG_DIR = ROOT / "var" / "bench-faults"
 PROMPTS = ("def parse(text):\n    ", "import os\nimport sys\n", "class Node:\n    def __init__(self",
            "for index in range(", "while queue:\n    item = ")
-TERMINAL = ("succeeded", "failed", "cancelled")
 LOCAL_CASES = ("kill_child", "kill_worker", "broker_flush")
 RESTARTS = ("restart_postgres", "restart_redis", "restart_broker")
 NETNS_CASES = (*LOCAL_CASES, "pause", "partition", *RESTARTS)
@@ -139,242 +146,6 @@ def prepare() -> None:
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)
     register_tiny_pair()
-
-
-def copy_models(run_dir: Path, role: str) -> Path:
-    """A worker host's own model directory: a copy of the web's (the registry stores paths
-    relative to SPECOPS_MODEL_DIR, so each host resolves them on its own disk)."""
-    target = run_dir / f"models-{role}"
-    shutil.copytree(os.environ["SPECOPS_MODEL_DIR"], target)
-    return target
-
-
-class Worker:
-    """One ``celery worker -Q cpu`` process (threads pool), as production runs it: on this host,
-    or on worker host ``role`` of ``hosts`` with the models of ``model_dir``."""
-
-    started = 0
-
-    def __init__(self, concurrency: int, hosts: netns_hosts.Hosts | None = None, role: str = "local",
-                 model_dir: Path | None = None, wait_ready: bool = True) -> None:
-        Worker.started += 1
-        self.concurrency, self.hosts, self.role, self.model_dir = concurrency, hosts, role, model_dir
-        self.node = f"faults-{Worker.started}@{role}"
-        self.log = LOG_DIR / f"worker-{Worker.started}-{role}.log"
-        argv = [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", "cpu", "-n", self.node,
-                "--pool", "threads", "--concurrency", str(concurrency), "--prefetch-multiplier", "1",
-                "--without-gossip", "--without-mingle", "-l", "INFO"]
-        if hosts is None:
-            self.process = subprocess.Popen(argv, cwd=ROOT, env=os.environ.copy(), stdout=self.log.open("w"),
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-        else:
-            env = {**os.environ, "SPECOPS_MODEL_DIR": str(model_dir)}
-            self.process = hosts.start(role, argv, self.log, env=env, cwd=ROOT)
-        if wait_ready:
-            self.ready()
-
-    def ready(self) -> Worker:
-        deadline = time.monotonic() + 120
-        while f"{self.node} ready." not in self.log.read_text():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"worker {self.node} did not start; see {self.log}")
-            time.sleep(0.2)
-        return self
-
-    def kill_group(self) -> None:
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def kill_pid(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-
-    def pause(self) -> None:
-        os.killpg(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.killpg(self.process.pid, signal.SIGCONT)
-
-    def again(self) -> Worker:
-        """A new worker where this one ran."""
-        return Worker(self.concurrency, self.hosts, self.role, self.model_dir)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.resume()  # a paused worker cannot exit
-        stop_process_group(self.process)
-
-
-class ReconcilerThread(threading.Thread):
-    """What beat does in production: a reconciler pass every ``every`` seconds."""
-
-    def __init__(self, every: float) -> None:
-        super().__init__(name="bench-reconciler", daemon=True)
-        self.every = every
-        self.stopped = threading.Event()
-        self.passes = {"resumed": 0, "requeued": 0, "failed": 0}
-
-    def run(self) -> None:
-        from django.db import connection
-
-        from inference.worker.reconciler import reconcile_sessions
-        from metadata.partitions import MaintenanceLockBusy
-
-        while not self.stopped.wait(self.every):
-            try:
-                report = reconcile_sessions()
-            except MaintenanceLockBusy:
-                continue
-            except Exception as exc:  # noqa: BLE001  (keep reconciling: a pass during a flush may fail)
-                say(f"  reconciler pass failed: {type(exc).__name__}: {exc}")
-                connection.close()
-                continue
-            for kind in self.passes:
-                self.passes[kind] += len(getattr(report, kind))
-
-
-def new_client():
-    """An API client of a fresh user and tenant: the prediction cache has nothing for it."""
-    from django.contrib.auth import get_user_model
-    from rest_framework.test import APIClient
-
-    from metadata.models import Tenant, TenantMembership
-
-    name = f"faults-{secrets.token_hex(4)}"
-    user = get_user_model().objects.create_user(name)
-    TenantMembership.objects.create(user=user, tenant=Tenant.objects.create(name=name))
-    client = APIClient()
-    client.force_authenticate(user=user)
-    return client
-
-
-def submit(prompt: str, max_tokens: int) -> str:
-    response = new_client().post("/api/v1/generations/", {"prompt": prompt, "max_new_tokens": max_tokens,
-                                                          "drafter": "draft_model"}, format="json")
-    if response.status_code != 202:
-        raise SystemExit(f"generation refused or cached: {response.status_code} {response.content[:200]!r}")
-    return str(response.json()["id"])
-
-
-def session_row(session_id: str) -> dict:
-    from metadata.models import Session
-
-    return Session.objects.values("status", "token_count", "attempts", "error", "text", "worker",
-                                  "finished_at").get(pk=session_id)
-
-
-def committed(session_id: str) -> int:
-    from metadata.models import TokenRecord
-
-    return TokenRecord.objects.filter(session_id=session_id).count()
-
-
-def token_rows(session_id: str) -> list[tuple[int, int]]:
-    from metadata.models import TokenRecord
-
-    return list(TokenRecord.objects.filter(session_id=session_id).order_by("position")
-                .values_list("position", "token_id"))
-
-
-def wait(probe, timeout: float, interval: float = 0.01):
-    """Poll ``probe`` until it is truthy; a probe that fails because a service restarts under it
-    (PostgreSQL, Redis) is asked again."""
-    import redis
-    from django.db import Error as DatabaseError, connection
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except (DatabaseError, redis.RedisError):
-            connection.close()
-            value = None
-        if value:
-            return value
-        time.sleep(interval)
-    return None
-
-
-def read(probe, timeout: float = 60.0):
-    """``probe()``, asked again while a service restarts under it."""
-    result = wait(lambda: [probe()], timeout, interval=0.2)
-    if result is None:
-        raise SystemExit(f"no answer from the services for {timeout:.0f} s")
-    return result[0]
-
-
-def ended(session_id: str, timeout: float) -> bool:
-    return bool(wait(lambda: session_row(session_id)["status"] in TERMINAL, timeout, interval=0.1))
-
-
-@dataclass
-class Outcome:
-    """How one session ended, checked against the unfaulted run of its prompt."""
-
-    session_id: str
-    ended: bool
-    status: str
-    attempts: int
-    rows_ok: bool  # positions 0..n-1, n == token_count, tokens equal the unfaulted run's
-    lost_rows: int
-    done_events: int
-    repeated_steps: int
-    duplicate_tokens: int = 0  # rows of a position another row has
-    over_max: bool = False  # more tokens (rows or token_count) than max_new_tokens
-    text_ok: bool = True  # the session's text is the unfaulted run's
-
-    @property
-    def ok(self) -> bool:
-        return (self.ended and self.status == "succeeded" and self.rows_ok and self.done_events == 1
-                and not self.duplicate_tokens and not self.over_max and self.text_ok)
-
-    def line(self) -> str:
-        return (f"status={self.status} attempts={self.attempts} rows_ok={self.rows_ok} lost_rows={self.lost_rows} "
-                f"done_events={self.done_events} repeated_steps={self.repeated_steps} "
-                f"duplicate_tokens={self.duplicate_tokens} over_max={self.over_max} text_ok={self.text_ok}")
-
-
-def stream_counts(session_id: str) -> tuple[int, int]:
-    """(``done`` events, ``tokens`` events of a step already seen) in the session's Redis stream."""
-    from metadata.sessions import token_stream
-
-    done, repeated, steps = 0, 0, set()
-    for _entry_id, fields in token_stream.client().xrange(token_stream.stream_key(session_id)):
-        event = fields[b"event"].decode()
-        if event == "done":
-            done += 1
-        elif event == "tokens":
-            step = json.loads(fields[b"data"])["step"]
-            repeated += step in steps
-            steps.add(step)
-    return done, repeated
-
-
-@dataclass
-class Expected:
-    """The unfaulted run of a prompt: its tokens and its text."""
-
-    tokens: list[int]
-    text: str
-
-
-def outcome(session_id: str, expected: Expected, deadline: float, max_tokens: int, settle: float = 0.0) -> Outcome:
-    """``settle``: seconds to wait after the session ended before reading it (a run woken after a
-    pause or a partition would write then, if anything let it)."""
-    has_ended = ended(session_id, deadline)
-    time.sleep(settle)
-    row = read(lambda: session_row(session_id))
-    rows = read(lambda: token_rows(session_id))
-    positions = [position for position, _ in rows]
-    positions_ok = positions == list(range(len(rows))) and row["token_count"] == len(rows)
-    tokens = [token for _, token in rows]
-    # The final event goes out just after the final row commits: give it a moment.
-    wait(lambda: stream_counts(session_id)[0], 5.0, interval=0.05)
-    done, repeated = read(lambda: stream_counts(session_id))
-    return Outcome(session_id, has_ended, row["status"], row["attempts"], positions_ok and tokens == expected.tokens,
-                   max(0, len(expected.tokens) - len(rows)), done, repeated,
-                   duplicate_tokens=len(positions) - len(set(positions)),
-                   over_max=max(len(rows), row["token_count"]) > max_tokens, text_ok=row["text"] == expected.text)
 
 
 class FaultBench:
