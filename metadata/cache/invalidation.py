@@ -42,6 +42,9 @@ class InvalidationTarget(Protocol):
     def apply_invalidation(self, ident: str, position: int) -> None:
         """After commit: drop (or refresh) ``ident`` in Redis and here, then broadcast it."""
 
+    def apply_invalidations(self, idents: list[str], position: int) -> None:
+        """``apply_invalidation`` of several idents, in one load, one Redis round trip and one broadcast."""
+
     def on_broadcast(self, key: str, position: int) -> None:
         """Another process changed ``key``."""
 
@@ -88,6 +91,16 @@ def after_commit(cache: InvalidationTarget, ident: str) -> None:
     transaction.on_commit(lambda: _apply(cache, ident, batch), using=lsn.PRIMARY_ALIAS)
 
 
+def after_commit_many(cache: InvalidationTarget, idents: list[str]) -> None:
+    """``after_commit`` of several idents as one hook: the batching worker's progress write
+    changes every running session at once, and one by one each cost a reload and four Redis
+    round trips on the writer thread (bench/README.md, "Abuse")."""
+    if not idents:
+        return
+    batch = _current_batch()
+    transaction.on_commit(lambda: _apply_many(cache, list(idents), batch), using=lsn.PRIMARY_ALIAS)
+
+
 def _apply(cache: InvalidationTarget, ident: str, batch: _CommitBatch) -> None:
     """Never raise: the transaction has committed, and its caller must not see a cache error."""
     try:
@@ -101,6 +114,20 @@ def _apply(cache: InvalidationTarget, ident: str, batch: _CommitBatch) -> None:
         cache.apply_invalidation(ident, position)
     except Exception:
         logger.exception("cache invalidation of %s:%s failed; it expires with its TTL", cache.name, ident)
+
+
+def _apply_many(cache: InvalidationTarget, idents: list[str], batch: _CommitBatch) -> None:
+    """`_apply` of several idents: never raises."""
+    try:
+        try:
+            position = batch.floor()
+        except DatabaseError:
+            logger.exception("no floor position after commit; invalidating %d keys without one", len(idents))
+            position = lsn.NO_LSN
+        cache.apply_invalidations(idents, position)
+    except Exception:
+        logger.exception("cache invalidation of %d keys of %s failed; they expire with their TTL",
+                         len(idents), cache.name)
 
 
 class InvalidationBus:

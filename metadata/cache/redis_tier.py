@@ -173,6 +173,24 @@ class RedisTier:
             keys=[key, f"{key}:inv"], args=[payload, _hex(position), self.ttl_ms, self.floor_ttl_ms],
             client=client)))
 
+    def settle_many(self, entries: list[tuple[str, Versioned | None]], position: int) -> list | _Unavailable:
+        """For each (key, entry): `write_through` the entry, or `invalidate` the key when None; in
+        one pipeline (the scripts run as in one call each, one round trip for all of them)."""
+        def run(client: redis.Redis) -> list:
+            pipeline = client.pipeline(transaction=False)
+            for key, entry in entries:
+                if entry is None:
+                    self._script(client, 1)(keys=[key, f"{key}:inv"], args=[_hex(position), self.floor_ttl_ms],
+                                            client=pipeline)
+                else:
+                    payload = pickle.dumps((entry.value, entry.source_lsn), protocol=pickle.HIGHEST_PROTOCOL)
+                    self._script(client, 2)(keys=[key, f"{key}:inv"],
+                                            args=[payload, _hex(position), self.ttl_ms, self.floor_ttl_ms],
+                                            client=pipeline)
+            return [bool(done) for done in pipeline.execute()]
+
+        return self.guard.run(run)
+
     def try_lock(self, key: str):
         """The short cross-process lock of one key's load (redis-py's Lock), None if a peer holds
         it, UNAVAILABLE if Redis is down."""

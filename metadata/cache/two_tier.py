@@ -46,7 +46,7 @@ from metadata.cache.counters import (
     CacheStats,
     maybe_flush_to_redis,
 )
-from metadata.cache.invalidation import InvalidationBus, after_commit, bus_for
+from metadata.cache.invalidation import InvalidationBus, after_commit, after_commit_many, bus_for
 from metadata.cache.local_tier import LocalTier
 from metadata.cache.redis_tier import (
     UNAVAILABLE,
@@ -62,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 # (ident, min_lsn) -> the value read from a database that has replayed min_lsn, and its position.
 Loader = Callable[[str, int], Versioned]
+# (idents, min_lsn) -> the same for several idents at once, in one read (missing rows: left out)
+BatchLoader = Callable[[list[str], int], dict[str, Versioned]]
 
 
 class WritePolicy(StrEnum):
@@ -104,10 +106,11 @@ class TwoTierCache:
     def __init__(
         self, name: str, loader: Loader, policy: WritePolicy = WritePolicy.CACHE_ASIDE, *,
         local: bool = True, redis: bool = True, coalesce: bool = True, guard: RedisGuard | None = None,
-        config: CacheConfig | None = None,
+        config: CacheConfig | None = None, batch_loader: BatchLoader | None = None,
     ) -> None:
         self.name = name
         self.loader = loader
+        self.batch_loader = batch_loader  # the write-through reload of several idents (invalidate_many)
         self.policy = policy
         self.config = config or CacheConfig.from_settings()
         self.local_enabled = local
@@ -284,6 +287,43 @@ class TwoTierCache:
             with self._lock:
                 self._unsent[key] = max(position, self._unsent.get(key, 0))
         self.bus.publish(self.name, [key], position)
+
+    def invalidate_many(self, idents: list[str]) -> None:
+        """``invalidate`` of several idents, applied together after the commit (`apply_invalidations`)."""
+        after_commit_many(self, idents)
+
+    def apply_invalidations(self, idents: list[str], position: int) -> None:
+        """`apply_invalidation` of several idents: the write-through's reload in one read (with a
+        ``batch_loader``), every Redis update in one pipeline, one broadcast."""
+        keys = {ident: self.key(ident) for ident in dict.fromkeys(idents)}
+        for key in keys.values():
+            self.evict_local(key, position)
+        fresh: dict[str, Versioned] = {}
+        if self.policy is WritePolicy.WRITE_THROUGH and position != lsn.NO_LSN:
+            try:
+                with lsn.primary_only():
+                    fresh = self._load_many(list(keys), position)
+            except DatabaseError:
+                logger.warning("write-through reload of %d keys of %s failed; invalidating instead",
+                               len(keys), self.name, exc_info=True)
+        entries = [(key, fresh.get(ident)) for ident, key in keys.items()]
+        entries = [(key, entry if entry is not None and entry.value is not None else None) for key, entry in entries]
+        result = self.redis.settle_many(entries, position)
+        for key, entry in entries:
+            if entry is not None:
+                self._put_local(key, entry)
+        if result is UNAVAILABLE:
+            with self._lock:
+                for key in keys.values():
+                    self._unsent[key] = max(position, self._unsent.get(key, 0))
+        self.bus.publish(self.name, list(keys.values()), position)
+
+    def _load_many(self, idents: list[str], min_lsn: int) -> dict[str, Versioned]:
+        if self.batch_loader is None:
+            return {ident: self._load(ident, min_lsn) for ident in idents}
+        with self._lock:
+            self.loads += 1
+        return self.batch_loader(idents, min_lsn)
 
     def evict_local(self, key: str, position: int) -> None:
         self._local.evict(key, position)

@@ -1,7 +1,8 @@
 """Sessions at run time: their state read through the cache, their writes, streams and request log.
 
 ``get_session_state`` / ``get_session_detail`` read a session through the two-tier cache (never
-older than the caller's own writes); ``invalidate_session`` drops it after the writer's commit.
+older than the caller's own writes); ``invalidate_session`` drops it after the writer's commit
+(``invalidate_sessions``: several at once).
 ``cache_for(region)`` is a region's process-wide cache; ``build_state_cache`` and
 ``load_session_state`` build variants of the state cache (tests, the benchmark).
 ``BatchWriter`` (several models, one transaction a flush), ``BufferedWriter`` and
@@ -27,6 +28,7 @@ from metadata.sessions.state import (
     get_session_detail,
     get_session_state,
     invalidate_session,
+    invalidate_sessions,
     load_session_state,
 )
 from metadata.sessions.writers import BatchWriter, BufferedWriter, insert_ignoring_conflicts
@@ -34,5 +36,5 @@ from metadata.sessions.writers import BatchWriter, BufferedWriter, insert_ignori
 __all__ = [
     "DETAIL", "REGIONS", "STATE", "BatchWriter", "BufferedWriter", "RequestLogMiddleware", "build_state_cache", "cache_for",
     "get_session_detail", "get_session_state", "history", "insert_ignoring_conflicts", "invalidate_session",
-    "load_session_state", "token_stream",
+    "invalidate_sessions", "load_session_state", "token_stream",
 ]
