@@ -192,9 +192,10 @@ class BatchRecorder:
 
         Progress (token_count, text) of a running session is written at most every
         SPECOPS_PROGRESS_MS, in one UPDATE for all of them; their cache invalidations go together
-        after the commit (one LSN read, one reload and one Redis round trip per region for all). Per session and per flush this had cost an UPDATE, an LSN
-        read and the cache's Redis round trips: measured, 73 % of the batching loop's time at 8
-        rows, against 16 % in the engine's step. The token rows, which streams and resumption
+        after the commit (one LSN read, one reload and one Redis round trip per region for all).
+        Per session and per flush this had cost an UPDATE, an LSN read and the cache's Redis
+        round trips: measured, 73 % of the batching loop's time at 8 rows, against 16 % in the
+        engine's step. The token rows, which streams and resumption
         read, are written at every flush as before.
         """
         self._unwritten.append(pending)

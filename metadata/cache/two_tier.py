@@ -280,13 +280,9 @@ class TwoTierCache:
                 logger.warning("write-through reload of %s failed; invalidating instead", key, exc_info=True)
         if fresh is not None and fresh.value is not None:
             result = self.redis.write_through(key, fresh, position)
-            self._put_local(key, fresh)
         else:
-            result = self.redis.invalidate(key, position)
-        if result is UNAVAILABLE:
-            with self._lock:
-                self._unsent[key] = max(position, self._unsent.get(key, 0))
-        self.bus.publish(self.name, [key], position)
+            fresh, result = None, self.redis.invalidate(key, position)
+        self._settled([(key, fresh)], result, position)
 
     def invalidate_many(self, idents: list[str]) -> None:
         """``invalidate`` of several idents, applied together after the commit (`apply_invalidations`)."""
@@ -308,15 +304,20 @@ class TwoTierCache:
                                len(keys), self.name, exc_info=True)
         entries = [(key, fresh.get(ident)) for ident, key in keys.items()]
         entries = [(key, entry if entry is not None and entry.value is not None else None) for key, entry in entries]
-        result = self.redis.settle_many(entries, position)
+        self._settled(entries, self.redis.settle_many(entries, position), position)
+
+    def _settled(self, entries: list[tuple[str, Versioned | None]], result: object, position: int) -> None:
+        """After Redis took (or missed) the keys' new values or invalidations: the values written
+        through go in here too, invalidations Redis missed wait for its return, and every other
+        process hears of the keys."""
         for key, entry in entries:
             if entry is not None:
                 self._put_local(key, entry)
         if result is UNAVAILABLE:
             with self._lock:
-                for key in keys.values():
+                for key, _ in entries:
                     self._unsent[key] = max(position, self._unsent.get(key, 0))
-        self.bus.publish(self.name, list(keys.values()), position)
+        self.bus.publish(self.name, [key for key, _ in entries], position)
 
     def _load_many(self, idents: list[str], min_lsn: int) -> dict[str, Versioned]:
         if self.batch_loader is None:
