@@ -119,10 +119,16 @@ class StreamHub:
         self._task: asyncio.Task | None = None
         self._reading: dict[str, str] | None = None  # the read in flight: key -> id
         self._woken = False  # a wake is on its way for the read in flight
+        self._wakes: set[asyncio.Task] = set()
 
     @property
     def followed_keys(self) -> int:
         return len(self._followers)
+
+    @property
+    def running(self) -> bool:
+        """Whether the reader task is alive (it ends once no follower is left)."""
+        return self._task is not None
 
     @property
     def keys_in_flight(self) -> int:
@@ -134,10 +140,9 @@ class StreamHub:
         self._followers.setdefault(key, []).append(subscription)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="specops-stream-hub")
-        elif self._reading is not None and not self._woken and (
+        elif self._reading is not None and (
                 key not in self._reading or parse_entry_id(self._reading[key]) > parse_entry_id(after)):
-            self._woken = True  # the read in flight does not cover this follower: end it now
-            asyncio.get_running_loop().create_task(self._wake())
+            self._end_read()  # the read in flight does not cover this follower: end it now
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
@@ -146,12 +151,24 @@ class StreamHub:
             followers.remove(subscription)
         if not followers:
             self._followers.pop(subscription.key, None)
-        if not self._followers and self._task is not None:
-            # Nothing left to read: stop now rather than block until the read times out (an event
-            # loop that closes meanwhile would destroy the pending task); redis-py drops the
-            # connection of a cancelled read, and the next subscribe starts a new task.
-            self._task.cancel()
-            self._task = None
+        if not self._followers and self._reading is not None:
+            # Nothing left to read: end the read in flight now rather than let it block until
+            # BLOCK_MS (a pending task holds a connection, and an event loop that closes meanwhile
+            # would destroy it); the task then ends on its own, and the next subscribe starts a
+            # new one. Not cancelled: redis-py (8.1) loses count of a pooled connection whose
+            # command is cancelled at the wrong await, and the BlockingConnectionPool ran dry
+            # after a few hundred streams had opened and closed one at a time ("No connection
+            # available" after its 30 s wait, tests/metadata/test_stream_hub.py).
+            self._end_read()
+
+    def _end_read(self) -> None:
+        """Make the read in flight return now (one wake per read)."""
+        if self._woken:
+            return
+        self._woken = True
+        task = asyncio.get_running_loop().create_task(self._wake())
+        self._wakes.add(task)  # referenced until done: the loop keeps only weak references to tasks
+        task.add_done_callback(self._wakes.discard)
 
     async def _wake(self) -> None:
         try:

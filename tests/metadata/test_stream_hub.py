@@ -6,11 +6,13 @@ Real Redis: steps are published as the worker does (``publish(..., step=)``) and
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 import uuid
 
 import redis
+import redis.asyncio
 from django.conf import settings
 
 from core.conf import conf
@@ -124,3 +126,35 @@ def test_a_stream_opened_while_the_hub_blocks_gets_its_first_entry_at_once():
         redis.Redis.from_url(settings.REDIS_URL).delete(*[token_stream.stream_key(s) for s in (quiet, joining)],
                                                         *[token_stream.fence_key(s) for s in (quiet, joining)])
     assert waited < 0.5, f"the joining stream waited {waited:.2f} s for the hub's read to time out"
+
+
+def test_streams_opened_and_closed_one_at_a_time_give_every_connection_back():
+    """The hub's task ends when its last follower leaves; each time it must give its connection
+    back to the pool. (Cancelling its read did not, now and then: redis-py lost count of the
+    connection, and after a few hundred streams opened and closed one at a time the pool of 8 had
+    none left for anyone.)"""
+    size = 4
+
+    async def scenario() -> None:
+        pool = redis.asyncio.BlockingConnectionPool.from_url(settings.REDIS_URL, max_connections=size, timeout=2)
+        client = redis.asyncio.Redis(connection_pool=pool)
+        hub = stream_hub.hub_of(client)
+        rng = random.Random(7)
+        try:
+            for number in range(200):
+                subscription = hub.subscribe(f"specops:test:hub:{uuid.uuid4().hex}")
+                await asyncio.sleep(rng.random() * 0.003)  # the read is on its way, or blocks
+                await client.exists("specops:test:hub:absent")  # a short command, as a slot's renewal
+                hub.unsubscribe(subscription)
+                await asyncio.sleep(rng.random() * 0.002)
+            async with asyncio.timeout(2):  # the hub's last read ends with its wake
+                while hub.running:
+                    await asyncio.sleep(0.01)
+            # every connection is the pool's again: as many blocking commands at once all get one
+            async with asyncio.timeout(5):
+                await asyncio.gather(*(client.blpop([f"specops:test:hub:empty:{n}"], timeout=0.3)
+                                       for n in range(size)))
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
