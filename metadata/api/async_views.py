@@ -2,8 +2,9 @@
 
 The streaming endpoints are async views (an open stream must not hold a thread), and DRF views
 are sync, so these helpers do DRF's part explicitly: ``authorize`` finds the caller by DRF token
-(the same ``TokenAuthentication`` lookup, ``Token`` or ``Bearer`` keyword) or by the admin's
-session, scopes it to its tenant and applies the throttles; ``run_db`` runs ORM work in a thread
+(the REST API's ``CachedTokenAuthentication``: no query once the token is cached; ``Token`` or
+``Bearer`` keyword) or by the admin's session, scopes it to its tenant and applies the
+throttles; ``run_db`` runs ORM work in a thread
 and gives the database connection back to the pool at once, since a stream may stay open for
 minutes and the pool holds only ``DATABASE_POOL_MAX_SIZE`` connections.
 """
@@ -18,9 +19,9 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.exceptions import AuthenticationFailed
 
+from metadata.api.authentication import CachedTokenAuthentication
 from metadata.api.tenancy import tenant_of
 from metadata.replicas import lsn
 from core.throttles import throttle_wait
@@ -93,7 +94,7 @@ def authorize(request, *, keywords: tuple[str, ...] = ("Token", "Bearer"), allow
         if len(parts) != 2:
             raise Refused(401, "invalid Authorization header: expected '<keyword> <token>'.", "invalid_api_key")
         try:
-            user, _token = TokenAuthentication().authenticate_credentials(parts[1])
+            user, _token = CachedTokenAuthentication().authenticate_credentials(parts[1])
         except AuthenticationFailed as exc:
             raise Refused(401, f"{exc.detail}", "invalid_api_key") from None
     elif allow_session and request.user.is_authenticated:

@@ -9,6 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.authtoken.models import Token
 from rest_framework.exceptions import AuthenticationFailed
 
+from metadata.api.async_views import Refused, authorize
 from metadata.api.authentication import CachedTokenAuthentication, token_cache
 from metadata.models import Tenant, TenantMembership
 from metadata.replicas import lsn
@@ -79,3 +80,19 @@ def test_a_user_without_membership_has_none_without_a_query(db):
 def test_an_unknown_token_is_refused():
     with pytest.raises(AuthenticationFailed, match="Invalid token"):
         authenticate("0" * 40)
+
+
+def test_the_streams_and_the_openai_protocol_authenticate_through_the_cache(token, tenant, rf):
+    """``authorize`` (the async views' DRF part: session streams, every /v1/ request) reads the same
+    cache: a known token costs no query (it cost two: the token and user, the membership and tenant)."""
+    request = rf.get("/", HTTP_AUTHORIZATION=f"Bearer {token.key}")
+    with lsn.floor_scope():
+        authorize(request)
+    with CaptureQueriesContext(connection) as queries, lsn.floor_scope():
+        caller = authorize(rf.get("/", HTTP_AUTHORIZATION=f"Bearer {token.key}"))
+    assert len(queries) == 0, [q["sql"] for q in queries]
+    assert caller.tenant.name == tenant.name and caller.user.pk == token.user_id
+    Token.objects.filter(key=token.key).delete()  # and a revoked token is refused at once
+    with pytest.raises(Refused) as refused, lsn.floor_scope():
+        authorize(rf.get("/", HTTP_AUTHORIZATION=f"Bearer {token.key}"))
+    assert refused.value.status == 401
