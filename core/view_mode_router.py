@@ -11,8 +11,11 @@ test saturates.
 ``ViewModeRouter`` resolves the path once: a request for a sync view (or for no view: the 404 is
 Django's either way) runs through Django's WSGI handler in one call on a bounded thread pool
 (the same middleware, the same settings, the request signals on that thread, so its database
-connections go back to the pool when it ends); a request for an async view (the SSE streams,
-the OpenAI protocol) goes to the ASGI handler as before. The pool has as many threads as a
+connections go back to the pool when it ends); a request for an async view (the OpenAI
+protocol) goes to the ASGI handler as before. A sync view may answer with an async body (the
+session stream, ``AsyncBody``): its checks run in the one hop, and the loop sends the body,
+holding no thread (under the ASGI handler, the sync middleware alone hopped a dozen times per
+stream opened, each hop a wait for the GIL on a busy process). The pool has as many threads as a
 database alias's connection pool has connections, so a burst waits for a thread here instead
 of timing out on the pool (a 500). Hand-written rather than a WSGI-in-ASGI library (asgiref's
 ``WsgiToAsgi``, a2wsgi): those hop back to the loop for every message they send, which is the
@@ -22,6 +25,7 @@ thread returns it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +119,45 @@ class _Started:
         raise NotImplementedError("Django's WSGI handler returns its body; write() is not used")
 
 
+class AsyncBody:
+    """A response whose body is an async iterator of bytes, sent from the event loop.
+
+    As Django's ASGI handler sends one: the body until it ends or the client disconnects (then
+    the iterator is cancelled and closed, so a stream's ``finally`` gives its slot back).
+    """
+
+    def __init__(self, started: _Started, content) -> None:
+        self.started, self.content = started, content
+
+    async def send(self, receive, send) -> None:
+        await send({"type": "http.response.start", "status": self.started.status, "headers": self.started.headers})
+        sending = asyncio.create_task(self._send_body(send))
+        listening = asyncio.create_task(_disconnect(receive))
+        try:
+            await asyncio.wait((sending, listening), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (listening, sending):
+                if not task.done():
+                    task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass  # the client left (the body), or the body ended (the listener)
+
+    async def _send_body(self, send) -> None:
+        async with contextlib.aclosing(self.content) as content:
+            async for chunk in content:
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnect(receive) -> None:
+    """Return when the client disconnects (nothing else arrives once the body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 class ViewModeRouter:
     """An ASGI application: sync views through ``wsgi_app`` on a thread pool, the rest through ``asgi_app``."""
 
@@ -141,6 +184,9 @@ class ViewModeRouter:
             environ = wsgi_environ(scope, body, length)
             loop = asyncio.get_running_loop()
             whole = await loop.run_in_executor(self.executor, self._run, environ, loop, send)
+        if isinstance(whole, AsyncBody):
+            await whole.send(receive, send)
+            return
         if whole is not None:
             started, content = whole
             await send({"type": "http.response.start", "status": started.status, "headers": started.headers})
@@ -152,6 +198,14 @@ class ViewModeRouter:
         (None), so the thread that owns the request's database connections also closes it."""
         started = _Started()
         response = self.wsgi_app(environ, started)
+        if getattr(response, "streaming", False) and getattr(response, "is_async", False):
+            # An async body (an SSE stream): the loop sends it, holding no thread. The request's
+            # sync part (middleware, authentication, the view's checks) ends here, and with it
+            # the request: request_finished gives this thread's connections back to the pool
+            # (the body reads through run_db, which releases its own).
+            body = AsyncBody(started, response.streaming_content)
+            response.close()
+            return body
         try:
             if not getattr(response, "streaming", False):
                 return started, b"".join(response)

@@ -53,7 +53,7 @@ class StreamLimitReached(Exception):
 
 
 class StreamSlot:
-    """One open stream's place in its tenant's count (``acquire`` it before the response starts)."""
+    """One open stream's place in its tenant's count (``take`` it before the response starts)."""
 
     def __init__(self, key: str, member: str) -> None:
         self.key, self.member = key, member
@@ -64,16 +64,17 @@ class StreamSlot:
         return f"specops:streams:{tenant_id}"
 
     @classmethod
-    async def acquire(cls, tenant) -> StreamSlot | None:
-        """A slot for one more stream of ``tenant``; None when it has no limit or Redis is down
-        (the stream then fails on its own reads). Raises ``StreamLimitReached``."""
+    def take(cls, tenant) -> StreamSlot | None:
+        """A slot for one more stream of ``tenant`` (sync: the view's checks run in a thread);
+        None when it has no limit or Redis is down (the stream then fails on its own reads).
+        Raises ``StreamLimitReached``."""
         limit = tenant.open_stream_limit()
         if not limit:
             return None
         slot = cls(cls.key_of(tenant.pk), uuid.uuid4().hex)
         now, ttl = time.time(), slot_ttl_s()
         try:
-            open_streams = await token_stream.async_client().eval(
+            open_streams = token_stream.client().eval(
                 _TAKE_SLOT, 1, slot.key, now, now + ttl, slot.member, limit, int(ttl) + 1)
         except RedisError as exc:
             logger.warning("open-stream count of tenant %s unavailable: %s", tenant.pk, exc)
@@ -93,19 +94,21 @@ class StreamSlot:
         await token_stream.async_client().zrem(self.key, self.member)
 
 
-def follow(session_id, after: str = "0-0", *, idle_limit_s: float,
-           slot: StreamSlot | None = None) -> AsyncIterator[token_stream.StreamEntry | str]:
+def follow(session_id, after: str = "0-0", *, idle_limit_s: float, slot: StreamSlot | None = None,
+           history_first: bool = True) -> AsyncIterator[token_stream.StreamEntry | str]:
     """Yield the session's events after entry id ``after``, each step once and in order.
 
     Items are ``StreamEntry`` (``tokens`` per step, ``done`` last), ``token_stream.HEARTBEAT``
     after each ``SPECOPS_STREAM_HEARTBEAT_S`` without one, and ``token_stream.IDLE_LIMIT`` (the
     last item) after ``idle_limit_s``. With a ``slot``, it is renewed while the stream is open
     and released when it ends (close the iterator: ``contextlib.aclosing``).
+    ``history_first=False``: the session has made no token yet, its table is not read first
+    (``history.areplay``).
     """
     items = history.areplay(
         session_id, after, heartbeat_s=conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit_s,
         committed=lambda step: run_db(history.committed_steps, session_id, step),
-        ended=lambda: run_db(token_stream.ended_event, session_id))
+        ended=lambda: run_db(token_stream.ended_event, session_id), history_first=history_first)
     return items if slot is None else _holding(items, slot)
 
 

@@ -19,7 +19,7 @@ from core.api_errors import Conflict, Gone
 from core.conf import conf as project_conf
 from core.error_views import error_response
 from core.sse import HEARTBEAT, sse_message, sse_response
-from metadata.api.async_views import Refused, authorize, run_db
+from metadata.api.async_views import Refused, authorize
 from metadata.api.follow import StreamLimitReached, StreamSlot, follow
 from metadata.api.pagination import (
     CandidatePagination,
@@ -131,10 +131,12 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
 
 @require_GET
-async def session_stream(request: HttpRequest, pk) -> HttpResponse:
+def session_stream(request: HttpRequest, pk) -> HttpResponse:
     """Server-sent events of one session: ``tokens`` per verification step, then ``done``.
 
-    An async view (a stream holds no thread). Each ``tokens`` event's ``id`` is its step's entry
+    A sync view with an async body: its checks (caller, session, open-stream slot) run in the
+    web's one thread hop (``core.view_mode_router``), the events are sent from the event loop (a
+    stream holds no thread). Each ``tokens`` event's ``id`` is its step's entry
     id (``<step + 1>-0``); a client that reconnects with ``Last-Event-ID`` resumes after it. The
     committed steps come from the token table first (``metadata.sessions.history``), so a stream
     opened late or after Redis lost it still has every step once, in order. A comment (``: heartbeat``) comes
@@ -147,30 +149,33 @@ async def session_stream(request: HttpRequest, pk) -> HttpResponse:
     if not token_stream.is_entry_id(after):
         return error_response(request, 400, "Last-Event-ID: not an event id of this stream (expected <ms>-<seq>).")
     try:
-        caller = await run_db(authorize, request, allow_session=True)
+        caller = authorize(request, allow_session=True)
     except Refused as exc:
         return error_response(request, exc.status, exc.message, code=exc.code, headers=exc.headers)
-    state = await run_db(get_session_state, pk)
+    state = get_session_state(pk)
     if state is None:
-        absent = await run_db(absent_session, pk, request)
+        absent = absent_session(pk, request)
         return error_response(request, absent.status_code, absent.detail["detail"] if isinstance(
             absent.detail, dict) else "Not found.")
     if state["tenant_id"] != caller.tenant.pk:
         return error_response(request, 404, "Not found.")  # another tenant's session is as absent as a missing one
     try:  # the tenant's open streams are bounded (SPECOPS_TENANT_MAX_OPEN_STREAMS)
-        slot = await StreamSlot.acquire(caller.tenant)
+        slot = StreamSlot.take(caller.tenant)
     except StreamLimitReached as exc:
         return error_response(request, 429, str(exc), code="stream_limit_exceeded",
                               headers={"Retry-After": str(STREAM_RETRY_AFTER_S)})
-    return sse_response(_session_events(pk, after, staff=bool(caller.user.is_staff), slot=slot))
+    # a session with no token yet (the stream a client opens right after its POST): its table is not read first
+    return sse_response(_session_events(pk, after, staff=bool(caller.user.is_staff), slot=slot,
+                                        history_first=bool(state["token_count"])))
 
 
 STREAM_RETRY_AFTER_S = 5  # what a client over its open-stream limit is told to wait
 
 
-async def _session_events(pk, after: str, staff: bool = False, slot: StreamSlot | None = None) -> AsyncIterator[str]:
+async def _session_events(pk, after: str, staff: bool = False, slot: StreamSlot | None = None,
+                          history_first: bool = True) -> AsyncIterator[str]:
     idle_limit = project_conf.STREAM_IDLE_LIMIT_S
-    items = follow(pk, after, idle_limit_s=idle_limit, slot=slot)
+    items = follow(pk, after, idle_limit_s=idle_limit, slot=slot, history_first=history_first)
     try:
         async with aclosing(items):
             async for item in items:

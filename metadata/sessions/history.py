@@ -91,15 +91,18 @@ class _Position:
 
 async def areplay(session_id, after: str = "0-0", *, heartbeat_s: float, idle_limit_s: float,
                   committed: Committed, ended: Callable[[], Awaitable[dict | None]] | None = None,
-                  gap_wait_s: float = GAP_WAIT_S) -> AsyncIterator[StreamEntry | str]:
+                  gap_wait_s: float = GAP_WAIT_S, history_first: bool = True) -> AsyncIterator[StreamEntry | str]:
     """Yield the session's events after entry id ``after``: history, then live, then ``done``.
 
     Items as ``token_stream.afollow``'s (``StreamEntry``, ``HEARTBEAT``, ``IDLE_LIMIT``).
     ``committed(from_step)`` returns the committed steps from ``from_step`` on (the caller runs
     ``committed_steps`` off the event loop: ``run_db``); ``ended`` as for ``afollow``.
+    ``history_first=False`` skips the first read of the table, for a session that has made no
+    token yet (just submitted): a step Redis lacks is still read from the table, at the gap it
+    leaves or at the ``done``, so the skip costs nothing but that query when it was wrong.
     """
     position = _Position(after)
-    for entry in await committed(position.next_step):
+    for entry in (await committed(position.next_step) if history_first else ()):
         position.passed(entry)
         yield entry
     while True:

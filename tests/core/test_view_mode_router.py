@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import threading
 
 import pytest
+from django.http import StreamingHttpResponse
 from rest_framework.authtoken.models import Token
 
 from core.view_mode_router import ViewModeRouter, is_async_view, wsgi_environ
@@ -35,11 +37,11 @@ def call(app, method: str, path: str, chunks: list[bytes], headers: list[tuple[b
     return start["status"], dict(start["headers"]), body
 
 
-def test_rest_views_are_sync_and_streams_and_the_openai_protocol_async():
+def test_rest_views_and_the_session_stream_are_sync_and_the_openai_protocol_async():
     assert not is_async_view("/api/v1/sessions/")
     assert not is_async_view("/api/v1/generations/")
     assert not is_async_view("/no/such/page/")  # Django's 404, either way
-    assert is_async_view("/api/v1/sessions/01a23caa-bf86-7bc9-9bba-13cd6269ce31/stream/")
+    assert not is_async_view("/api/v1/sessions/01a23caa-bf86-7bc9-9bba-13cd6269ce31/stream/")  # an async body
     assert is_async_view("/v1/chat/completions")
 
 
@@ -91,3 +93,62 @@ def test_requests_for_async_views_go_to_the_asgi_handler(api_user):
     assert call(router, "GET", "/v1/models", [b""], [])[0] == 204
     assert call(router, "GET", "/api/v1/sessions/", [b""], []) == (200, {b"content-type": b"text/plain"}, b"sync")
     assert seen == ["/v1/models", "wsgi /api/v1/sessions/"]
+
+
+def test_an_async_body_is_sent_from_the_loop_until_the_client_leaves_then_closed():
+    """A sync view's streaming response with an async body (the session stream): the request's
+    sync part ends in the pool thread (its ``close``), the loop sends each part, and when the
+    client disconnects the body is cancelled and closed (its ``finally`` runs: a stream's slot)."""
+    events: list[str] = []
+    threads: dict[str, str] = {}
+
+    async def body():
+        threads["body"] = threading.current_thread().name
+        try:
+            for number in range(3):
+                yield f"part {number}\n"
+            await asyncio.sleep(3600)  # open, as a stream waiting for its next event
+        finally:
+            events.append("body closed")
+
+    def wsgi_app(environ, start_response):
+        threads["view"] = threading.current_thread().name
+        response = StreamingHttpResponse(body(), content_type="text/event-stream")
+        response.close = lambda: events.append("request finished")
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        return response
+
+    sent: list[dict] = []
+    messages = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        while sum(1 for m in sent if m.get("body")) < 3:
+            await asyncio.sleep(0.01)
+        events.append("client left")
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/api/v1/sessions/", "query_string": b"", "headers": []}
+    router = ViewModeRouter(None, wsgi_app, threads=1)
+    asyncio.run(asyncio.wait_for(router(scope, receive, send), 10))
+
+    assert sent[0] == {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    assert [m["body"] for m in sent[1:]] == [b"part 0\n", b"part 1\n", b"part 2\n"]
+    assert events == ["request finished", "client left", "body closed"]
+    assert threads["view"].startswith("specops-sync") and threads["body"] == "MainThread"
+
+
+def test_an_async_body_that_ends_ends_the_response():
+    async def body():
+        yield "event: done\n\n"
+
+    def wsgi_app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/event-stream")])
+        return StreamingHttpResponse(body(), content_type="text/event-stream")
+
+    status, _, content = call(ViewModeRouter(None, wsgi_app, threads=1), "GET", "/api/v1/sessions/", [b""], [])
+    assert (status, content) == (200, b"event: done\n\n")

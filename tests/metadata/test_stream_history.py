@@ -172,6 +172,38 @@ def test_a_gap_that_never_fills_is_passed_after_the_wait_not_waited_on_forever(t
     assert 0.5 <= time.monotonic() - started < 5
 
 
+def test_without_history_first_the_table_is_read_only_for_what_redis_lacks(tenant, target):
+    """``history_first=False`` (a stream opened on a session with no token yet): no table read
+    while Redis has every step; when Redis lost them all, the ``done`` still brings them from the
+    table, once each and in order."""
+    def read(session: Session) -> tuple[list, list[int]]:
+        reads: list[int] = []
+
+        async def committed(from_step: int) -> list:
+            reads.append(from_step)
+            return await asyncio.to_thread(history.committed_steps, session.pk, from_step)
+
+        async def entries() -> list:
+            items = history.areplay(session.pk, heartbeat_s=0.2, idle_limit_s=5, committed=committed,
+                                    history_first=False)
+            return [(item.id, item.event) async for item in items if isinstance(item, token_stream.StreamEntry)]
+
+        return asyncio.run(entries()), reads
+
+    expected = [(token_stream.step_entry_id(s), "tokens") for s in (0, 1, 2)] + [("4-0", "done")]
+    whole = new_session(tenant, target)
+    commit_steps(whole, [0, 1, 2])
+    for step in (0, 1, 2):
+        publish_step(whole, step)
+    publish_done(whole, 3)
+    assert read(whole) == (expected, [3])  # only the done's check for steps the stream lost
+
+    lost = new_session(tenant, target)
+    commit_steps(lost, [0, 1, 2])
+    publish_done(lost, 3)  # the tokens' entries never reached this stream
+    assert read(lost) == (expected, [0])
+
+
 def test_committed_steps_groups_rows_by_step_from_the_asked_step(tenant, target):
     session = new_session(tenant, target)
     commit_steps(session, [0, 1, 2])

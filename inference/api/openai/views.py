@@ -265,7 +265,8 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
     timeout = conf.OPENAI_TIMEOUT_S
     if progress.done is None:
         try:
-            async with asyncio.timeout(timeout), aclosing(follow(submission.session_id, idle_limit_s=timeout + 1)) as items:
+            async with asyncio.timeout(timeout), aclosing(follow(
+                    submission.session_id, idle_limit_s=timeout + 1, history_first=False)) as items:  # just submitted
                 async for item in items:
                     if isinstance(item, token_stream.StreamEntry):
                         progress.on(item)
@@ -358,7 +359,8 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     error = None
     if progress.done is None:
         try:
-            items = follow(submission.session_id, idle_limit_s=project_conf.STREAM_IDLE_LIMIT_S)
+            items = follow(submission.session_id, idle_limit_s=project_conf.STREAM_IDLE_LIMIT_S,
+                           history_first=False)  # just submitted: no committed step to read first
             async with aclosing(items):
                 async for item in items:
                     if item == token_stream.HEARTBEAT:
