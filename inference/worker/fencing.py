@@ -34,6 +34,7 @@ from django.db.models import DurationField, Value
 from django.db.models.functions import Now
 
 from inference.conf import conf
+from metadata.ids import created_at_of
 from metadata.models import Session, SessionStatus
 
 logger = logging.getLogger(__name__)
@@ -100,16 +101,18 @@ def database_now() -> datetime:
         return cursor.fetchone()[0]
 
 
-_CLAIM_SQL = f"""
+# {created_at}: a parameter, or for an id that carries no time a subquery of it
+_CLAIM = f"""
 UPDATE {Session._meta.db_table}
    SET status = 'running', started_at = COALESCE(started_at, statement_timestamp()),
        updated_at = statement_timestamp(), last_activity_at = statement_timestamp(),
        lease_expires_at = statement_timestamp() + make_interval(secs => %s),
        worker = %s, attempts = attempts + 1
- WHERE id = %s AND created_at = %s
+ WHERE id = %s AND created_at = {{created_at}}
    AND (status = 'queued' OR (status = 'running' AND (lease_expires_at IS NULL
                                                       OR lease_expires_at < statement_timestamp())))
-RETURNING attempts"""
+RETURNING {{returning}}"""
+_CLAIM_SQL = _CLAIM.format(created_at="%s", returning="attempts")
 
 
 def claim(session: Session) -> int | None:
@@ -128,6 +131,58 @@ def claim(session: Session) -> int | None:
         return None
     session.attempts = row[0]
     return row[0]
+
+
+def _columns(model, alias: str) -> str:
+    return ", ".join(f'{alias}."{field.column}"' for field in model._meta.concrete_fields)
+
+
+def claim_session(session_id) -> Session | None:
+    """``claim`` for a session known by its id alone (a task's message), and its row read back:
+    the claimed Session with its ``target`` and ``draft`` loaded, or None when it was not
+    claimable (ended, or another run holds its lease: the caller reads its status).
+
+    One round trip, pruned to the session's partition (a UUIDv7 id carries its ``created_at``;
+    an older id's comes from a scalar subquery): it was a read by id alone, which searched every
+    partition's index, then the claim.
+    """
+    from inference.models import ModelVersion
+
+    created_at = created_at_of(session_id)
+    sessions = Session._meta.db_table
+    when = "%s" if created_at is not None else f"(SELECT created_at FROM {sessions} WHERE id = %s)"
+    sql = f"""
+WITH claimed AS ({_CLAIM.format(created_at=when, returning="*")})
+SELECT {_columns(Session, "claimed")}, {_columns(ModelVersion, "target")}, {_columns(ModelVersion, "draft")}
+  FROM claimed
+  JOIN {ModelVersion._meta.db_table} target ON target.id = claimed.target_id
+  LEFT JOIN {ModelVersion._meta.db_table} draft ON draft.id = claimed.draft_id"""
+    db = connections["default"]
+    with db.cursor() as cursor:
+        cursor.execute(sql, [conf.SESSION_LEASE_S, socket.gethostname(), session_id,
+                             created_at if created_at is not None else session_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    first = len(Session._meta.concrete_fields)
+    second = first + len(ModelVersion._meta.concrete_fields)
+    session = _instance(Session, row[:first], db)
+    session.target = _instance(ModelVersion, row[first:second], db)
+    session.draft = _instance(ModelVersion, row[second:], db) if row[second] is not None else None
+    return session
+
+
+def _instance(model, values, db):
+    """A model instance from its concrete fields' column values, converted as the ORM converts a
+    row it reads (a JSON field's text parsed, ...)."""
+    fields = model._meta.concrete_fields
+    converted = []
+    for field, value in zip(fields, values, strict=True):
+        column = field.get_col(model._meta.db_table)
+        for convert in db.ops.get_db_converters(column) + column.get_db_converters(db):
+            value = convert(value, column, db)
+        converted.append(value)
+    return model.from_db(db.alias, [field.attname for field in fields], converted)
 
 
 def lease_until() -> Now:

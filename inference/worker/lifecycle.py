@@ -1,6 +1,6 @@
 """A session's life in a worker, in one place: claim, prepare, run, finish.
 
-- Claim: the task takes the session's lease (`claim`), an UPDATE that succeeds only when the
+- Claim: the task takes the session's lease (`claim_session`), an UPDATE that succeeds only when the
   session is queued, or running with an expired lease, so two deliveries of one session never
   run it twice at once; it returns the run's fence (the incremented ``attempts``), which every
   write of the run carries (fencing.py). The lease is renewed while the models load, then by the
@@ -43,7 +43,7 @@ from inference.worker import canary, database_retry, metrics, suffix_feed
 from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
-    claim,
+    claim_session,
     lock_owned,
     renew_leases,
 )
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-TERMINAL = (SessionStatus.SUCCEEDED, SessionStatus.FAILED, SessionStatus.CANCELLED)
 # how long a task thread waits past the session's own deadline before it gives up on the loop
 WAIT_MARGIN_S = 60.0
 GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this module
@@ -133,15 +132,13 @@ def finished_before(job: SessionJob) -> str | None:
 def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
     """Generate for ``session_id`` in the device's batch (``submit`` hands it to the batching
     loop, batching_loop.DeviceBatchLoop.submit); return its final status."""
-    session = database_retry.retrying(lambda: Session.objects.select_related("target", "draft").get(pk=session_id),
-                                      f"reading session {session_id}")
-    if session.status in TERMINAL:
-        return session.status  # a redelivery of a finished task does nothing
     claimed_at = time.monotonic()  # before the claim's UPDATE: the lease runs from later than this
-    # a claim whose commit went through but whose answer was lost finds the lease held: the
-    # session then waits for its lease to lapse and the reconciler (a resumed run, as a crash)
-    if database_retry.retrying(lambda: claim(session), f"claiming session {session.pk}") is None:
-        return Session.objects.get(pk=session.pk).status  # another worker holds it
+    # The claim reads the row back (with its models) in the same statement. A claim whose commit
+    # went through but whose answer was lost finds the lease held: the session then waits for its
+    # lease to lapse and the reconciler (a resumed run, as a crash).
+    session = database_retry.retrying(lambda: claim_session(session_id), f"claiming session {session_id}")
+    if session is None:  # ended (a redelivery of a finished task does nothing), or another run holds it
+        return Session.objects.get(pk=session_id).status
     if session.attempts > conf.MAX_ATTEMPTS:
         finish_session(session, SessionStatus.FAILED,
                        error=f"gave up after {conf.MAX_ATTEMPTS} attempts (the worker was lost each time)")

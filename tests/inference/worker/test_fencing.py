@@ -14,11 +14,13 @@ import os
 import signal
 import threading
 import time
+import uuid
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 from django.db import Error, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from inference.engine.batch.engine import BatchRequest, RowEvent
@@ -31,6 +33,7 @@ from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
     claim,
+    claim_session,
     database_now,
     lock_owned,
     renew_leases,
@@ -97,6 +100,40 @@ def clean_stream():
     yield track
     for session_id in made:
         token_stream.client().delete(token_stream.stream_key(session_id), token_stream.fence_key(session_id))
+
+
+# ---- the claim by id (a task's message) ---------------------------------------------------------
+
+
+def test_a_claim_by_id_reads_the_session_and_its_models_back_in_one_statement(tenant, target):
+    draft = ModelVersion.objects.create(name="fenced-draft", version="1", role="draft", path="/nonexistent",
+                                        context_length=512, status="active")
+    plain = new_session(tenant, target)
+    drafted = new_session(tenant, target, draft=draft)
+    legacy = new_session(tenant, target, id=uuid.uuid4(), created_at=timezone.now())  # no time in its id
+
+    with CaptureQueriesContext(connections["default"]) as queries:
+        claimed = claim_session(str(plain.pk))
+    assert len(queries) == 1
+    assert (claimed.pk, claimed.status, claimed.attempts, claimed.prompt) == (plain.pk, "running", 1, "x")
+    assert claimed.params == {"max_new_tokens": 8}  # as the ORM reads it: a dict, not its JSON text
+    assert claimed.created_at == plain.created_at and claimed.tenant_id == tenant.pk
+    assert claimed.target.pk == target.pk and claimed.target.path == "/nonexistent" and claimed.draft is None
+    assert claimed.started_at is not None and claimed.lease_expires_at > claimed.started_at
+    with CaptureQueriesContext(connections["default"]) as queries:  # the models came with it
+        assert (claimed.target.name, claimed.tenant_id) == ("fenced", tenant.pk)
+    assert len(queries) == 0
+
+    assert claim_session(drafted.pk).draft.name == "fenced-draft"
+    assert claim_session(legacy.pk).attempts == 1
+
+    assert claim_session(plain.pk) is None  # its lease is held
+    lapse(plain)
+    assert claim_session(plain.pk).attempts == 2  # a lapsed lease: the next run's fence
+    Session.objects.filter(pk=plain.pk).update(status="succeeded")
+    lapse(plain)
+    assert claim_session(plain.pk) is None  # ended: never claimed again
+    assert claim_session(uuid.uuid4()) is None  # no such session
 
 
 # ---- the database refuses a stale run's writes ----------------------------------------------------
