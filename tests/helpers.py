@@ -1,6 +1,8 @@
 """Small helpers for tests that wait on real services."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -67,3 +69,23 @@ def empty_queue(queue: str = "cpu") -> None:
     if keys:
         redis.Redis.from_url(settings.CELERY_BROKER_URL).delete(*keys)
 
+
+
+# Linux's PR_SET_PDEATHSIG, set in the child before it becomes the service: it survives the exec
+# and sends SIGTERM when the test run that started it dies. A worker left by a killed run went on
+# consuming the shared broker's queues and took the next run's tasks to a dropped database.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("the test run that started this process is gone")
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
+
+def dies_with_this_run(python_args: list[str]) -> list[str]:
+    """The command line of ``python <python_args>`` for a service a test starts (a worker, a web
+    process), ended by the kernel when this test process dies, however it dies (a SIGKILL, a
+    timeout): nothing the run started outlives it. (subprocess's ``preexec_fn`` would do the same
+    in the child, but it is not safe in a process with threads, as a test run is.)"""
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *python_args]

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests.helpers import wait_for
+from tests.helpers import dies_with_this_run, wait_for
 from tests.worker_process import ROOT, database_url
 
 # The live server's stream timings: short, so heartbeats and the idle limit are seen in tests.
@@ -54,8 +53,8 @@ def start_web(log_path: Path, **env_overrides: str) -> WebServer:
     }
     log = open(log_path, "w")  # noqa: SIM115 (the child process writes it)
     process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "specops.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "2"],
+        dies_with_this_run(["-m", "uvicorn", "specops.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+                            "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "2"]),
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     server = WebServer(process, f"http://127.0.0.1:{port}", log_path)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from django.conf import settings
 from django.db import connection
 
-from tests.helpers import wait_for
+from tests.helpers import dies_with_this_run, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,8 +43,9 @@ def start_worker(queue: str, name: str, log_path: Path, broker_url: str | None =
     node = f"{name}@testhost"
     log = open(log_path, "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "specops", "worker", "-Q", queue, "-n", node, "--pool", "threads",
-         "--concurrency", "4", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle", "-l", "INFO"],
+        dies_with_this_run(["-m", "celery", "-A", "specops", "worker", "-Q", queue, "-n", node, "--pool", "threads",
+                            "--concurrency", "4", "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
+                            "-l", "INFO"]),
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
 
