@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -87,5 +88,9 @@ def dies_with_this_run(python_args: list[str]) -> list[str]:
     """The command line of ``python <python_args>`` for a service a test starts (a worker, a web
     process), ended by the kernel when this test process dies, however it dies (a SIGKILL, a
     timeout): nothing the run started outlives it. (subprocess's ``preexec_fn`` would do the same
-    in the child, but it is not safe in a process with threads, as a test run is.)"""
+    in the child, but it is not safe in a process with threads, as a test run is.) The kernel
+    sends the signal when the *thread* that started the child ends, so a service started from
+    another thread (tests/core/test_pgbouncer.py starts two side by side) is started plainly."""
+    if threading.current_thread() is not threading.main_thread():
+        return [sys.executable, *python_args]
     return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *python_args]

@@ -270,6 +270,8 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
                 async for item in items:
                     if isinstance(item, token_stream.StreamEntry):
                         progress.on(item)
+            if progress.done is None:  # the follow's idle limit (timeout + 1 s) ended it: no end came in time
+                raise TimeoutError
         except TimeoutError:
             raise OpenAIError(504, f"the generation did not finish within {timeout:g} s (SPECOPS_OPENAI_TIMEOUT_S); "
                               f"it goes on as session {submission.session_id}.", code="timeout") from None
