@@ -7,9 +7,9 @@
   batching loop (`renew_leases`); a renewal refused for a stale fence tells the loop to drop
   the run. Lease times are the database's (``now()``).
 - Prepare: everything that can be checked before the loop is checked here (the models load, the
-  prompt tokenizes). A redelivered or re-enqueued session resumes: its committed tokens are
-  prefilled with the prompt and never generated again, and its stream continues after the
-  committed steps.
+  prompt tokenizes). A redelivered or re-enqueued session resumes: its committed tokens, and the
+  steps an earlier run streamed after them (adopted: a client may have seen them), are prefilled
+  with the prompt and never generated again, and its stream continues after them.
 - Run: `run_session` hands the `SessionJob` to the device's batching loop and waits on
   ``job.done``.
 - Finish: every end is written by `finish_session`, once. A session that leaves the batch is
@@ -39,7 +39,9 @@ from core import latency_budget
 from inference.conf import conf
 from inference.engine.batch.engine import BatchRequest
 from inference import affinity
+from inference.prefix_scope import session_cache_scope
 from inference.worker import canary, database_retry, metrics, suffix_feed
+from inference.worker.adoption import start_stream
 from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
@@ -85,8 +87,8 @@ def committed_tokens(session: Session) -> tuple[list[int], int]:
 def prepare(session: Session) -> SessionJob:
     """Load the session's models and build its batch request (errors here fail the session).
 
-    The stream's rewind records the run's fence first (token_stream.begin_run): from then on an
-    older run's late publish is refused, and what it streamed past the committed tokens is gone.
+    The run resumes from its committed tokens and the steps earlier runs streamed after them
+    (`start_stream`).
     """
     target = residency.get(session.target)
     draft = residency.get(session.draft) if session.draft else None
@@ -94,16 +96,15 @@ def prepare(session: Session) -> SessionJob:
     prompt_ids = tokenizer(session.prompt)["input_ids"]
     # a first run (attempts 1: the first claim) has no committed tokens: no query
     resumed, next_step = committed_tokens(session) if session.attempts > 1 else ([], 0)
-    if token_stream.begin_run(session.pk, session.attempts, next_step - 1) < 0:
-        logger.warning("session %s: a later run began before run %d", session.pk, session.attempts)
+    resumed, next_step = start_stream(session, resumed, next_step, tokenizer.decode)
     request = BatchRequest(
         request_id=session.pk, prompt_ids=prompt_ids,
         config=generation_config(session.params, tokenizer.eos_token_id),
         drafter=session.drafter, draft_config=draft_config(session.drafter, session.params),
         deadline=time.monotonic() + conf.GENERATION_TIMEOUT_S, resume_ids=tuple(resumed),
         corpus=suffix_feed.corpus_key(session),
-        # with per-tenant isolation a tenant's rows adopt only its own cached prefixes
-        cache_scope=session.tenant_id if conf.PREFIX_CACHE_ISOLATION == "tenant" else None)
+        # a tenant's rows adopt only the cached prefixes of its own trust boundary (prefix_scope.py)
+        cache_scope=session_cache_scope(session))
     recorder = SessionRecorder(session, tokenizer.decode, token_ids=list(resumed), step=next_step)
     return SessionJob(session=session, request=request, target=target, draft=draft,
                       model_name=session.target.name, recorder=recorder,
@@ -283,7 +284,8 @@ def write_end(end: SessionEnd, failure: str = "") -> None:
             observe_end(end, status)
         if status in (SessionStatus.SUCCEEDED, SessionStatus.CANCELLED):
             # this node's prefix cache holds the context now: its next turn is routed here
-            affinity.record(job.session.target_id, list(job.request.prompt_ids) + list(end.recorder.token_ids))
+            affinity.record(job.session.target_id, job.request.cache_scope,
+                            list(job.request.prompt_ids) + list(end.recorder.token_ids))
         if job.trace is not None:
             job.trace.end(status)
         job.status = status

@@ -18,7 +18,7 @@ loop drops the run.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,14 @@ def token_kinds(drafted: int, accepted: int, bonus: bool, count: int) -> list[in
     return [TokenKind.ACCEPTED if offset < accepted else last for offset in range(count)]
 
 
+def token_records(session: Session, start: int, step: int, token_ids: Sequence[int], kinds: Sequence[int],
+                  decode: Callable[[list[int]], str]) -> list[TokenRecord]:
+    """The token rows of one step of ``session``: its tokens at positions ``start``, ``start + 1``, ..."""
+    return [TokenRecord(session_id=session.pk, session_created_at=session.created_at, position=start + offset,
+                        step=step, token_id=token_id, piece=pg_text(decode([token_id])), kind=kind, logprob=None)
+            for offset, (token_id, kind) in enumerate(zip(token_ids, kinds, strict=True))]
+
+
 @dataclass
 class SessionRecorder:
     """One session's running output: its tokens, stream steps and timings."""
@@ -79,12 +87,8 @@ class SessionRecorder:
         start = len(self.token_ids)
         self.token_ids.extend(step.token_ids)
         kinds = token_kinds(step.drafted, step.accepted, event.bonus, len(step.token_ids))
-        for offset, (token_id, kind) in enumerate(zip(step.token_ids, kinds)):
-            writer.add(TokenRecord(
-                session_id=self.session.pk, session_created_at=self.session.created_at,
-                position=start + offset, step=self.step, token_id=token_id,
-                piece=pg_text(self.decode([token_id])), kind=kind, logprob=None,
-            ))
+        for row in token_records(self.session, start, self.step, step.token_ids, kinds, self.decode):
+            writer.add(row)
         for branch_no, branch in enumerate(step.branches):
             writer.add(Candidate(
                 session_id=self.session.pk, session_created_at=self.session.created_at,

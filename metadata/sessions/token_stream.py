@@ -14,9 +14,10 @@ gives up after an idle limit. ``follow`` is the blocking reader for scripts and 
 Fencing: a worker's run of a session writes under a fence, the ``attempts`` number its claim
 returned. Every append goes through one Lua script (`publish_many`) that refuses an event whose
 fence is below the one recorded beside the stream (``specops:stream:<id>:fence``); a claim
-records its fence first and rewinds the uncommitted steps in the same script (`begin_run`), so a
-paused run that wakes after another run took the session over cannot append a late step. A
-``done`` seals the stream: no run's event follows it.
+records its fence and reads the steps earlier runs streamed past the committed tokens in the same
+script (`begin_run`), so a paused run that wakes after another run took the session over cannot
+append a late step, and the new run adopts every step a client may have seen. A ``done`` seals
+the stream: no run's event follows it.
 """
 from __future__ import annotations
 
@@ -77,23 +78,41 @@ return out
 """
 
 # KEYS: stream, fence key. ARGV: fence, the entry id of the last committed step ("0-0": none),
-# ttl. Records the fence (unless a higher one is recorded: -1), then deletes the entries after
-# the committed step and sets the stream's last id back to it; returns how many went.
+# ttl. Records the fence (unless a higher one is recorded: {-1, {}}), then returns {dropped,
+# adopted}: adopted, the ``tokens`` entries of the steps right after the committed one, in step
+# order and without a gap (each as XRANGE gives it); every entry after the first that breaks the
+# run (a gap Redis left when it lost entries, or any other event) is deleted and the stream's last
+# id set back to the last adopted step, so the run's next step is appended right after it.
 _BEGIN_RUN_LUA = """
 local recorded = tonumber(redis.call('GET', KEYS[2]) or '0')
 local fence = tonumber(ARGV[1])
 if fence < recorded then
-  return -1
+  return {-1, {}}
 end
 redis.call('SET', KEYS[2], fence, 'EX', tonumber(ARGV[3]))
 local entries = redis.call('XRANGE', KEYS[1], '(' .. ARGV[2], '+')
-if #entries > 0 then
-  for _, entry in ipairs(entries) do
-    redis.call('XDEL', KEYS[1], entry[1])
+local expected = tonumber(string.match(ARGV[2], '^(%d+)')) + 1
+local last = ARGV[2]
+local adopted = {}
+for _, entry in ipairs(entries) do
+  local fields, event = entry[2], nil
+  for j = 1, #fields, 2 do
+    if fields[j] == 'event' then event = fields[j + 1] end
   end
-  redis.call('XSETID', KEYS[1], ARGV[2])
+  if event ~= 'tokens' or entry[1] ~= string.format('%d-0', expected) then
+    break
+  end
+  adopted[#adopted + 1] = entry
+  last = entry[1]
+  expected = expected + 1
 end
-return #entries
+for k = #adopted + 1, #entries do
+  redis.call('XDEL', KEYS[1], entries[k][1])
+end
+if #entries > #adopted then
+  redis.call('XSETID', KEYS[1], last)
+end
+return {#entries - #adopted, adopted}
 """
 
 
@@ -176,15 +195,37 @@ def publish_fenced(events: list[StreamEvent]) -> list[int]:
     return [int(outcome) for outcome in _script("publish", _PUBLISH_LUA)(keys=keys, args=args)]
 
 
-def begin_run(session_id, fence: int, step: int) -> int:
-    """A claimed run starts: record its fence, then delete the events after step `step` (those a
-    lost run streamed but never committed), atomically, so no older run appends in between.
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What a claimed run finds on its session's stream (`begin_run`).
 
-    Returns how many events went, or -1 when a later run has begun already (this one is stale).
+    ``adopted``: the ``tokens`` entries of the steps after the committed one that earlier runs
+    streamed (clients may have seen them), in step order; the run resumes after them.
+    ``dropped``: entries past a gap, deleted. ``stale``: a later run has begun (nothing read).
     """
-    return int(_script("begin_run", _BEGIN_RUN_LUA)(
+
+    stale: bool
+    adopted: tuple[StreamEntry, ...] = ()
+    dropped: int = 0
+
+
+def begin_run(session_id, fence: int, step: int) -> RunStart:
+    """A claimed run starts after committed step `step`: record its fence and read what earlier
+    runs streamed past that step, atomically, so no older run appends in between or after.
+
+    A step a client was streamed is never made again: the run adopts it (writes its rows, resumes
+    after it). Only entries past a gap in the steps (Redis lost some) are deleted.
+    """
+    dropped, adopted = _script("begin_run", _BEGIN_RUN_LUA)(
         keys=[stream_key(session_id), fence_key(session_id)],
-        args=[int(fence), step_entry_id(step), STREAM_TTL_S]))
+        args=[int(fence), step_entry_id(step), STREAM_TTL_S])
+    if int(dropped) < 0:
+        return RunStart(stale=True)
+    entries = []
+    for entry_id, flat in adopted:
+        fields = dict(zip(flat[::2], flat[1::2]))
+        entries.append(StreamEntry(entry_id.decode(), fields[b"event"].decode(), json.loads(fields[b"data"])))
+    return RunStart(stale=False, adopted=tuple(entries), dropped=int(dropped))
 
 
 _RAISE_FENCE_LUA = """

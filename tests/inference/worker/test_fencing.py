@@ -28,6 +28,7 @@ from inference.engine.config import GenerationConfig
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from inference.models import ModelVersion
+from inference.worker.adoption import start_stream
 from inference.worker.batching_loop import DeviceBatchLoop
 from inference.worker.fencing import (
     SUPERSEDED,
@@ -199,17 +200,17 @@ def test_a_stale_publish_is_refused_by_the_stream_script(tenant, target, clean_s
     session_id = clean_stream(new_session(tenant, target).pk)
     tokens = lambda step, fence: token_stream.StreamEvent(session_id, "tokens", {"step": step}, step=step,
                                                           fence=fence)
-    assert token_stream.begin_run(session_id, 1, -1) == 0
+    assert token_stream.begin_run(session_id, 1, -1) == token_stream.RunStart(stale=False)
     assert token_stream.publish_fenced([tokens(0, 1), tokens(1, 1)]) == [token_stream.ADDED] * 2
-    # run 2 resumes after step 0 (its only committed one): step 1 goes, and run 1 can no longer add
-    assert token_stream.begin_run(session_id, 2, 0) == 1
+    # run 2 resumes after step 0 (its only committed one): it adopts step 1, and run 1 can no longer add
+    assert [entry.id for entry in token_stream.begin_run(session_id, 2, 0).adopted] == ["2-0"]
     assert token_stream.publish_fenced([tokens(1, 1), tokens(2, 1)]) == [token_stream.STALE] * 2
-    assert token_stream.begin_run(session_id, 1, 0) == -1  # an older claim cannot rewind it back
-    assert token_stream.publish_fenced([tokens(1, 2), tokens(1, 2)]) == [token_stream.ADDED, token_stream.DUPLICATE]
-    assert token_stream.publish(session_id, "done", {"status": "succeeded"}, step=2, fence=2)
-    assert not token_stream.publish(session_id, "tokens", {"step": 3}, step=3, fence=2)  # sealed by done
+    assert token_stream.begin_run(session_id, 1, 0).stale  # an older claim reads nothing, changes nothing
+    assert token_stream.publish_fenced([tokens(1, 2), tokens(2, 2)]) == [token_stream.DUPLICATE, token_stream.ADDED]
+    assert token_stream.publish(session_id, "done", {"status": "succeeded"}, step=3, fence=2)
+    assert not token_stream.publish(session_id, "tokens", {"step": 4}, step=4, fence=2)  # sealed by done
     assert [(entry_id, event) for entry_id, event, _ in stream_events(session_id)] == [
-        ("1-0", "tokens"), ("2-0", "tokens"), ("3-0", "done")]
+        ("1-0", "tokens"), ("2-0", "tokens"), ("3-0", "tokens"), ("4-0", "done")]
 
 
 # ---- the loop: one row per session ---------------------------------------------------------------
@@ -285,8 +286,8 @@ def test_the_loop_refuses_a_second_row_for_a_session_and_the_older_run_leaves(te
         assert claim(again) == 2
         committed = list(TokenRecord.objects.filter(session_id=session.pk).order_by("position")
                          .values_list("token_id", flat=True))
-        new = job_for(again, committed)
-        token_stream.begin_run(session.pk, 2, len(committed) // 2 - 1)
+        resumed, _next_step = start_stream(again, committed, len(committed) // 2, decode)  # what prepare does
+        new = job_for(again, resumed)
         loop.inbox.put(new)
         deadline = time.monotonic() + 30
         while (loop.jobs or engine.rows or loop._deferred or not loop.inbox.empty()) and time.monotonic() < deadline:
