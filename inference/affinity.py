@@ -13,6 +13,10 @@ one device queue (several hosts, or several GPUs serving one model), SpecOps rou
   node's own queue (Celery's ``worker_direct``: every worker also consumes ``<node>.dq2``);
   otherwise to the model's device queue as before.
 
+Routing is scoped like the prefix cache itself: a chain starts from the model version and the
+request's prefix cache scope (its tenant, or its tenant's group: ``Tenant.prefix_cache_scope``),
+so a tenant's request is never routed by, and never learns of, blocks another tenant recorded.
+
 A node that dies after a task was routed to it leaves the task in its direct queue; the
 reconciler re-enqueues a session queued past ``SPECOPS_RECONCILE_QUEUED_S`` on the model's device
 queue (``Session.queue``), so routing never loses a session, it can only delay one. The hashes are
@@ -54,10 +58,11 @@ def enabled() -> bool:
     return conf.PREFIX_AFFINITY and conf.PREFIX_CACHE_MB > 0
 
 
-def block_hashes(version_id: int, token_ids: Sequence[int], block: int | None = None) -> list[str]:
-    """The chain hash of each whole block of `token_ids` (at most MAX_BLOCKS), for one model version."""
+def block_hashes(version_id: int, scope: str, token_ids: Sequence[int], block: int | None = None) -> list[str]:
+    """The chain hash of each whole block of `token_ids` (at most MAX_BLOCKS), for one model version
+    and one prefix cache scope (the chain of another scope shares no hash with it)."""
     block = block or conf.PREFIX_CACHE_BLOCK
-    digest = hashlib.blake2b(f"v{version_id}".encode(), digest_size=16).digest()
+    digest = hashlib.blake2b(f"v{version_id}\x00{scope}".encode(), digest_size=16).digest()
     out = []
     for start in range(0, min(len(token_ids), MAX_BLOCKS * block) - block + 1, block):
         chunk = ",".join(str(token) for token in token_ids[start:start + block]).encode()
@@ -66,11 +71,11 @@ def block_hashes(version_id: int, token_ids: Sequence[int], block: int | None = 
     return out
 
 
-def record(version_id: int, token_ids: Sequence[int]) -> None:
-    """Worker: the blocks of a context this node's prefix cache now holds (one pipelined write)."""
+def record(version_id: int, scope: str, token_ids: Sequence[int]) -> None:
+    """Worker: the blocks of a context this node's prefix cache now holds for `scope` (one pipelined write)."""
     if _node is None or not enabled():
         return
-    hashes = block_hashes(version_id, token_ids)
+    hashes = block_hashes(version_id, scope, token_ids)
     if not hashes:
         return
     try:
@@ -98,11 +103,11 @@ def heartbeat(running: int, capacity: int) -> None:
         logger.warning("affinity: heartbeat not written", exc_info=True)
 
 
-def holder(version_id: int, token_ids: Sequence[int]) -> str | None:
-    """Web: the live, not full node that recorded the deepest block of `token_ids`, or None."""
+def holder(version_id: int, scope: str, token_ids: Sequence[int]) -> str | None:
+    """Web: the live, not full node that recorded the deepest block of `token_ids` in `scope`, or None."""
     if not enabled():
         return None
-    hashes = block_hashes(version_id, token_ids)
+    hashes = block_hashes(version_id, scope, token_ids)
     if not hashes:
         return None
     try:
@@ -122,9 +127,10 @@ def holder(version_id: int, token_ids: Sequence[int]) -> str | None:
     return node if load["running"] < load["capacity"] else None
 
 
-def route(target, prompt: str):
-    """Web: the queue for a new session of `target` (a ModelVersion) with `prompt`: the direct
-    queue of the node holding its longest recorded prefix, or None (the model's device queue)."""
+def route(target, prompt: str, scope: str):
+    """Web: the queue for a new session of `target` (a ModelVersion) with `prompt` in prefix cache
+    `scope`: the direct queue of the node holding its longest prefix recorded in that scope, or
+    None (the model's device queue)."""
     if not enabled():
         return None
     from celery.utils.nodenames import worker_direct
@@ -132,7 +138,7 @@ def route(target, prompt: str):
     from inference.api.tokenizers import tokenizer_for
 
     try:
-        node = holder(target.pk, tokenizer_for(str(target.directory))(prompt)["input_ids"])
+        node = holder(target.pk, scope, tokenizer_for(str(target.directory))(prompt)["input_ids"])
     except Exception:  # routing is an optimisation: it never fails an enqueue
         logger.warning("affinity: routing failed; the device queue takes it", exc_info=True)
         return None

@@ -1,6 +1,8 @@
 """System checks for inference settings that parse but are wrong (ids are stable: specops.E003, E004, E005, W002)."""
 from __future__ import annotations
 
+import os
+
 from django.core.checks import Error, Warning, register
 
 from inference.conf import conf as inference_conf
@@ -33,17 +35,23 @@ def check_engine_core(app_configs=None, **kwargs) -> list:
     return []
 
 
-PREFIX_CACHE_ISOLATIONS = ("shared", "tenant")
+# The variable that once made the prefix cache shared by every tenant: a deployment that still
+# sets it expects a sharing that no longer happens (tenants share only through a group).
+RETIRED_ISOLATION_VARIABLE = "SPECOPS_PREFIX_CACHE_ISOLATION"
 
 
 @register()
 def check_prefix_cache(app_configs=None, **kwargs) -> list:
-    """The prefix cache's isolation is a known one and its size and block are not negative: a typo
-    must not quietly share prefixes across tenants that were meant to be isolated."""
+    """The prefix cache's size and block are not negative, and nothing asks for sharing across
+    tenants: the tenant is the cache's trust boundary (tenants share only through an operator's
+    ``prefix_cache_group``), so a leftover ``shared`` must not pass unnoticed."""
     errors = []
-    if inference_conf.PREFIX_CACHE_ISOLATION not in PREFIX_CACHE_ISOLATIONS:
-        errors.append(Error(f"SPECOPS_PREFIX_CACHE_ISOLATION {inference_conf.PREFIX_CACHE_ISOLATION!r} is not an "
-                            "isolation.", hint=f"Use one of: {', '.join(PREFIX_CACHE_ISOLATIONS)}.", id="specops.E005"))
+    isolation = os.environ.get(RETIRED_ISOLATION_VARIABLE)
+    if isolation is not None and isolation.strip() != "tenant":
+        errors.append(Error(f"{RETIRED_ISOLATION_VARIABLE}={isolation!r}: the prefix cache is isolated per tenant; "
+                            "no setting shares it across tenants.",
+                            hint="Unset it, and give tenants that trust each other one prefix_cache_group "
+                                 "(admin, Tenants).", id="specops.E005"))
     if inference_conf.PREFIX_CACHE_MB < 0 or inference_conf.PREFIX_CACHE_BLOCK < 1:
         errors.append(Error("SPECOPS_PREFIX_CACHE_MB must be 0 or more and SPECOPS_PREFIX_CACHE_BLOCK 1 or more.",
                             hint="SPECOPS_PREFIX_CACHE_MB=0 turns the prefix cache off.", id="specops.E005"))

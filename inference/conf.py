@@ -39,9 +39,6 @@ SETTINGS = (
             "memory a device's prefix cache may hold: keys and values of earlier prompts and replies that a "
             "new request starting with them adopts instead of prefilling (inference/engine/kv/prefix_cache.py; 0: off)"),
     Setting("SPECOPS_PREFIX_CACHE_BLOCK", int, 16, "tokens per block of the prefix cache (whole blocks are matched)"),
-    Setting("SPECOPS_PREFIX_CACHE_ISOLATION", str, "shared",
-            "who may adopt whose cached prefixes: shared (every tenant of a model version; a hit is faster, which "
-            "another tenant could time), tenant (each tenant its own)"),
     Setting("SPECOPS_PREFIX_AFFINITY", bool, True,
             "route a request whose prompt extends a recent one to the worker whose prefix cache holds it "
             "(inference/affinity.py; workers consume their own Celery direct queue)"),

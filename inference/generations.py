@@ -186,7 +186,7 @@ def submit_generation(request: ValidatedRequest, tenant: Tenant, user) -> Sessio
     seed_new_session_state(session)  # the state readers poll, in Redis at once (no read back)
     try:
         # a prompt extending a recent one goes to the worker whose prefix cache holds it (affinity.py)
-        queue = affinity.route(session.target, session.prompt) or session.queue
+        queue = affinity.route(session.target, session.prompt, tenant.prefix_cache_scope()) or session.queue
         with measure("enqueue"):  # the Celery instrumentation's apply_async span carries the trace on
             # ignore_result: nothing reads a generation task's result (the session row is the
             # outcome), and without it the Redis result backend subscribed the web process to each

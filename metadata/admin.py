@@ -46,11 +46,13 @@ from metadata.sessions.cancel import cancel_sessions
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    """Tenants and their quotas: a quota left empty follows the setting's default, 0 is no limit."""
+    """Tenants, their quotas and their prefix cache group: a quota left empty follows the setting's
+    default, 0 is no limit; tenants of one group share cached prefixes (each learns from a hit
+    what the others sent), a tenant without one shares with nobody."""
 
-    list_display = ("name", "live_generations_quota", "open_streams_quota", "created_at")
+    list_display = ("name", "live_generations_quota", "open_streams_quota", "prefix_cache_group", "created_at")
     search_fields = ("name",)
-    fields = ("name", "max_live_generations", "max_open_streams", "created_at")
+    fields = ("name", "max_live_generations", "max_open_streams", "prefix_cache_group", "created_at")
 
     @admin.display(description="generations in flight (limit)")
     def live_generations_quota(self, tenant: Tenant) -> str:

@@ -19,7 +19,7 @@ NODE = "prefix-turns@testhost"
 
 
 def test_the_second_turn_adopts_the_first_from_the_prefix_cache_and_is_still_the_targets_output(
-        api_client, tiny_model, tmp_path):
+        api_client, tenant, tiny_model, tmp_path):
     first_prompt = nonce_prompt("# a helper module\n" + "def add(a, b):\n    return a + b\n\n" * 4)
     worker = start_worker("cpu", NODE.split("@")[0], tmp_path / "worker.log", extra_env=WORKER_ENV)
     try:
@@ -45,6 +45,6 @@ def test_the_second_turn_adopts_the_first_from_the_prefix_cache_and_is_still_the
     assert usage["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"]
     assert_ended_once(api_client, second_id, target_greedy(tiny_model.directory, second_prompt, 24))
     ids = tokenizer_for(str(tiny_model.directory))(second_prompt)["input_ids"]
-    recorded = [affinity.RECORD_PREFIX + digest for digest in affinity.block_hashes(tiny_model.pk, ids)]
+    recorded = [affinity.RECORD_PREFIX + digest for digest in affinity.block_hashes(tiny_model.pk, tenant.prefix_cache_scope(), ids)]
     holders = {value.decode() for value in get_redis_connection("default").mget(recorded) if value is not None}
     assert holders == {NODE}
