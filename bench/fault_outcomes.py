@@ -1,5 +1,6 @@
 """The fault bench's view of a session (bench/faults.py): submit one, read its row, its token
-rows and its stream, and judge how it ended against the unfaulted run of its prompt.
+rows and its stream, and judge how it ended against the unfaulted run of its prompt (a greedy
+session) and against what its stream client was streamed (every session).
 
 Every read is asked again while a service restarts under it (``wait``, ``read``): the bench
 restarts PostgreSQL, Redis and the broker while sessions run.
@@ -9,7 +10,10 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from bench.fault_streams import Streamed, is_prefix
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
@@ -29,9 +33,12 @@ def new_client():
     return client
 
 
-def submit(prompt: str, max_tokens: int) -> str:
-    response = new_client().post("/api/v1/generations/", {"prompt": prompt, "max_new_tokens": max_tokens,
-                                                          "drafter": "draft_model"}, format="json")
+def submit(prompt: str, max_tokens: int, *, sampled: bool = False, drafter: str = "draft_model") -> str:
+    """A new session of a fresh tenant; greedy, or ``sampled`` (temperature 1, no seed)."""
+    body = {"prompt": prompt, "max_new_tokens": max_tokens, "drafter": drafter}
+    if sampled:
+        body["temperature"] = 1.0
+    response = new_client().post("/api/v1/generations/", body, format="json")
     if response.status_code != 202:
         raise SystemExit(f"generation refused or cached: {response.status_code} {response.content[:200]!r}")
     return str(response.json()["id"])
@@ -102,17 +109,25 @@ class Outcome:
     repeated_steps: int
     duplicate_tokens: int = 0  # rows of a position another row has
     over_max: bool = False  # more tokens (rows or token_count) than max_new_tokens
-    text_ok: bool = True  # the session's text is the unfaulted run's
+    text_ok: bool = True  # the session's text is the unfaulted run's (sampled: its rows' tokens decoded)
+    sampled: bool = False
+    stream_ok: bool = True  # what its stream client was streamed is a prefix of its stored tokens
+    streamed: int = 0  # tokens its stream client was streamed
+    stored: int = 0  # tokens its rows hold
+    client_done: bool = False  # its stream client got the done event
 
     @property
     def ok(self) -> bool:
         return (self.ended and self.status == "succeeded" and self.rows_ok and self.done_events == 1
-                and not self.duplicate_tokens and not self.over_max and self.text_ok)
+                and not self.duplicate_tokens and not self.over_max and self.text_ok and self.stream_ok)
 
     def line(self) -> str:
-        return (f"status={self.status} attempts={self.attempts} rows_ok={self.rows_ok} lost_rows={self.lost_rows} "
+        return (f"{'sampled' if self.sampled else 'greedy'} status={self.status} attempts={self.attempts} "
+                f"rows_ok={self.rows_ok} lost_rows={self.lost_rows} "
                 f"done_events={self.done_events} repeated_steps={self.repeated_steps} "
-                f"duplicate_tokens={self.duplicate_tokens} over_max={self.over_max} text_ok={self.text_ok}")
+                f"duplicate_tokens={self.duplicate_tokens} over_max={self.over_max} text_ok={self.text_ok} "
+                f"stream_ok={self.stream_ok} (client streamed {self.streamed} of {self.stored} tokens, "
+                f"done {'seen' if self.client_done else 'not seen'})")
 
 
 def stream_counts(session_id: str) -> tuple[int, int]:
@@ -139,9 +154,15 @@ class Expected:
     text: str
 
 
-def outcome(session_id: str, expected: Expected, deadline: float, max_tokens: int, settle: float = 0.0) -> Outcome:
-    """``settle``: seconds to wait after the session ended before reading it (a run woken after a
-    pause or a partition would write then, if anything let it)."""
+def outcome(session_id: str, expected: Expected | None, deadline: float, max_tokens: int, settle: float = 0.0,
+            *, streamed: Streamed, decode: Callable[[list[int]], str]) -> Outcome:
+    """How the session ended; ``expected`` None for a sampled session (no unfaulted run to match:
+    its text must be its own rows' tokens decoded). ``streamed``: its stream client's, compared once
+    the client got ``done`` (or gave up with the session). ``settle``: seconds to wait after the
+    session ended before reading it (a run woken after a pause or a partition would write then,
+    if anything let it)."""
+    from inference.worker.recorder import pg_text
+
     has_ended = ended(session_id, deadline)
     time.sleep(settle)
     row = read(lambda: session_row(session_id))
@@ -152,7 +173,42 @@ def outcome(session_id: str, expected: Expected, deadline: float, max_tokens: in
     # The final event goes out just after the final row commits: give it a moment.
     wait(lambda: stream_counts(session_id)[0], 5.0, interval=0.05)
     done, repeated = read(lambda: stream_counts(session_id))
-    return Outcome(session_id, has_ended, row["status"], row["attempts"], positions_ok and tokens == expected.tokens,
-                   max(0, len(expected.tokens) - len(rows)), done, repeated,
+    streamed.ended.wait(30.0)
+    seen = streamed.tokens
+    expected_text = expected.text if expected is not None else pg_text(decode(tokens))
+    return Outcome(session_id, has_ended, row["status"], row["attempts"],
+                   positions_ok and (expected is None or tokens == expected.tokens),
+                   max(0, len(expected.tokens) - len(rows)) if expected is not None else 0, done, repeated,
                    duplicate_tokens=len(positions) - len(set(positions)),
-                   over_max=max(len(rows), row["token_count"]) > max_tokens, text_ok=row["text"] == expected.text)
+                   over_max=max(len(rows), row["token_count"]) > max_tokens, text_ok=row["text"] == expected_text,
+                   sampled=expected is None, stream_ok=is_prefix(seen, tokens), streamed=len(seen),
+                   stored=len(tokens), client_done=streamed.done is not None)
+
+
+def progressed(session_id: str, tokens: int) -> bool:
+    """The session committed ``tokens`` tokens, or ended (a sampled one may end early: the fault
+    then comes too late and is run again)."""
+    return committed(session_id) >= tokens or session_row(session_id)["status"] in TERMINAL
+
+
+RESTARTS = ("restart_postgres", "restart_redis", "restart_broker")
+
+
+def result_line(outcomes: dict[str, list[Outcome]]) -> str:
+    """The bench's last line, from the outcomes by fault (a case not run is 0/0)."""
+    def ok(*kinds: str) -> str:
+        chosen = [o for kind in kinds for o in outcomes.get(kind, [])]
+        return f"{sum(o.ok for o in chosen)}/{len(chosen)}"
+
+    every = [o for by_kind in outcomes.values() for o in by_kind]
+    duplicates = sum(o.repeated_steps + max(0, o.done_events - 1) for o in every)
+    sampled = [o for o in every if o.sampled]
+    return (f"RESULT kill_child_ok={ok('kill_child')} kill_worker_ok={ok('kill_worker')} "
+            f"broker_flush_ok={ok('broker_flush')} duplicate_stream_events={duplicates} "
+            f"lost_sessions={sum(not o.ended for o in every)} lost_rows={sum(o.lost_rows for o in every)} "
+            f"pause_ok={ok('pause')} partition_ok={ok('partition')} restart_ok={ok(*RESTARTS)} "
+            f"duplicate_tokens={sum(o.duplicate_tokens for o in every)} "
+            f"over_max_tokens={sum(o.over_max for o in every)} "
+            f"text_mismatch={sum(not o.text_ok for o in every)} "
+            f"sampled_ok={sum(o.ok for o in sampled)}/{len(sampled)} "
+            f"stream_mismatch={sum(not o.stream_ok for o in every)}")

@@ -1,7 +1,7 @@
 """Faults against a live worker: each session must end exactly once, with every token.
 
-Starts its own services on a database of its own (``specops_bench_faults``, recreated; dropped at
-the end unless ``--keep``) and a Redis database of its own (``--redis-db``: broker, streams and
+Starts its own services on a database of its own (``--database``, ``specops_bench_faults`` by
+default, recreated; dropped at the end unless ``--keep``) and a Redis database of its own (``--redis-db``: broker, streams and
 cache, flushed first and by the broker fault), with a tiny random model pair (built in seconds
 under ``var/bench-models``): one Celery worker as production runs it (threads pool, prefetch 1,
 one batching loop). The reconciler runs in this process every ``--reconcile-every`` seconds, as
@@ -10,8 +10,12 @@ takes seconds); leases are ``--lease`` seconds (30 in production) and a queued s
 another task after ``--requeue-after`` seconds (60 in production).
 
 Each prompt is first generated once without a fault (greedy; when a fault first needs it): its
-tokens are what every faulted session of that prompt must end with. Then each fault ``--runs`` times, each session of a fresh
-tenant (so the prediction cache cannot answer it):
+tokens are what every faulted greedy session of that prompt must end with. Then each fault
+``--runs`` times on a greedy session and again on a sampled one (temperature 1, no seed; its
+drafter cycles through ``SAMPLED_DRAFTERS``), each session of a fresh tenant (so the prediction
+cache cannot answer it) and followed from its first event by a stream client
+(bench/fault_streams.py: the web's own follow, opened again after the last event it got whenever
+it breaks):
 
 - ``kill_worker``: once the session has committed some tokens (and a random few milliseconds
   later, to land between a step's stream event and its rows' flush), SIGKILL of the worker's
@@ -23,8 +27,9 @@ tenant (so the prediction cache cannot answer it):
   Under prefork it would be the pool child; the recovery path (lease lapses, reconciler,
   resume) is the same.
 - ``broker_flush``: ``--concurrency`` sessions per worker fill the task threads and one more
-  waits in the broker; once the running ones have committed tokens, FLUSHDB of the Redis database
-  (the waiting task, the running tasks' unacknowledged entries, the streams so far).
+  waits in the broker (every other one sampled); once the running ones have committed tokens,
+  FLUSHDB of the Redis database (the waiting task, the running tasks' unacknowledged entries, the
+  streams so far).
 
 With ``--hosts netns`` the services and the workers are on hosts of their own, network namespaces
 the bench makes and removes (``scripts/netns_hosts.py``): PostgreSQL, Redis (cache and streams)
@@ -47,23 +52,26 @@ started again before the next fault, as the unit's ``Restart=on-failure`` does, 
 summary line.
 
 A session is ok when it succeeded, its token rows are positions 0..n-1 with n == token_count,
-its tokens equal the prompt's unfaulted run (and its text that run's text), it has no more than
-``--max-tokens`` tokens, and its stream has exactly one ``done``. A kill
-that found the session already finished does not count and is run again. Counted over all:
+its tokens equal the prompt's unfaulted run (and its text that run's text; a sampled session's
+text, its rows' tokens decoded), it has no more than ``--max-tokens`` tokens, its stream has
+exactly one ``done``, and the tokens its stream client was streamed are a prefix of its stored
+ones. A fault that found the session already finished does not count and is run again. Counted over all:
 ``duplicate_stream_events`` (extra ``done`` events, and ``tokens`` events of a step already in
 the stream: a resumed run re-publishes what the killed one streamed but had not committed),
 ``lost_sessions`` (not ended ``--deadline`` seconds after the fault), ``lost_rows`` (tokens of
 the unfaulted run missing from the session's rows), ``duplicate_tokens`` (rows of a position
-another row has), ``over_max_tokens`` (sessions with more tokens than asked for) and
-``text_mismatch`` (sessions whose text is not the unfaulted run's).
+another row has), ``over_max_tokens`` (sessions with more tokens than asked for),
+``text_mismatch`` (sessions whose text is not the unfaulted run's) and ``stream_mismatch``
+(sessions whose client was streamed tokens that are not a prefix of the stored ones);
+``sampled_ok`` counts the sampled sessions among all.
 
     .venv/bin/python bench/faults.py [--runs 5] [--max-tokens 900] [--redis-db 15]
     .venv/bin/python bench/faults.py --hosts netns [--runs 5] [--cases pause,partition,...]   (root)
 
 Last line: ``RESULT kill_child_ok=<k>/<n> kill_worker_ok=<k>/<n> broker_flush_ok=<k>/<n>
 duplicate_stream_events=<n> lost_sessions=<n> lost_rows=<n> pause_ok=<k>/<n> partition_ok=<k>/<n>
-restart_ok=<k>/<n> duplicate_tokens=<n> over_max_tokens=<n> text_mismatch=<n>`` (a case not run
-is 0/0).
+restart_ok=<k>/<n> duplicate_tokens=<n> over_max_tokens=<n> text_mismatch=<n> sampled_ok=<k>/<n>
+stream_mismatch=<n>`` (a case not run is 0/0).
 """
 from __future__ import annotations
 
@@ -75,6 +83,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,18 +99,22 @@ from bench.common import (  # noqa: E402
     register_tiny_pair,
 )
 from bench.fault_outcomes import (  # noqa: E402
+    RESTARTS,
     TERMINAL,
     Expected,
     Outcome,
     committed,
     ended,
     outcome,
+    progressed,
     read,
+    result_line,
     session_row,
     submit,
     token_rows,
     wait,
 )
+from bench.fault_streams import StreamClients  # noqa: E402
 from bench.fault_workers import LOG_DIR, ReconcilerThread, Worker, copy_models  # noqa: E402
 from scripts import netns_hosts  # noqa: E402
 
@@ -109,8 +122,9 @@ BENCH_DB = "specops_bench_faults"
 PROMPTS = ("def parse(text):\n    ", "import os\nimport sys\n", "class Node:\n    def __init__(self",
            "for index in range(", "while queue:\n    item = ")
 LOCAL_CASES = ("kill_child", "kill_worker", "broker_flush")
-RESTARTS = ("restart_postgres", "restart_redis", "restart_broker")
 NETNS_CASES = (*LOCAL_CASES, "pause", "partition", *RESTARTS)
+SAMPLED_DRAFTERS = ("draft_model", "ngram", "tree", "suffix")  # a sampled session's, by run
+KINDS = ("greedy", "sampled")  # each fault run hits one session of each
 
 
 def bench_environment(args, services: netns_hosts.Services | None = None) -> None:
@@ -118,7 +132,7 @@ def bench_environment(args, services: netns_hosts.Services | None = None) -> Non
     the services host's PostgreSQL, Redis and broker)."""
     redis_url = services.redis.url() if services else f"redis://127.0.0.1:6379/{args.redis_db}"
     os.environ.update({
-        "DATABASE_URL": database_url(args.admin_url, BENCH_DB), "DATABASE_REPLICA_URLS": "",
+        "DATABASE_URL": database_url(args.admin_url, args.database), "DATABASE_REPLICA_URLS": "",
         "REDIS_URL": redis_url,
         "SPECOPS_MODEL_DIR": str(ROOT / "var" / "bench-models"), "HF_HUB_OFFLINE": "1",
         "DJANGO_SETTINGS_MODULE": "specops.settings", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
@@ -126,6 +140,7 @@ def bench_environment(args, services: netns_hosts.Services | None = None) -> Non
         **NO_THROTTLES,
         "SPECOPS_SESSION_LEASE_S": str(args.lease), "SPECOPS_RECONCILE_QUEUED_S": str(args.requeue_after),
         "SPECOPS_SPECULATION_POLICY": "false",  # fixed drafts: every run of a prompt takes the same steps
+        "SPECOPS_STREAM_HEARTBEAT_S": "1",  # a quiet stream client asks every second whether its session ended
         "OMP_NUM_THREADS": str(args.torch_threads),
     })
     for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # both are REDIS_URL's database
@@ -134,24 +149,29 @@ def bench_environment(args, services: netns_hosts.Services | None = None) -> Non
         os.environ["CELERY_BROKER_URL"] = services.broker.url()
 
 
-def prepare() -> None:
-    """Migrate, flush the Redis database, register the tiny pair (as the active target)."""
+def prepare() -> Callable[[list[int]], str]:
+    """Migrate, flush the Redis database, register the tiny pair (as the active target); return
+    its tokenizer's decode (a sampled session's text is its tokens decoded)."""
     import django
 
     django.setup()
     from django.core.management import call_command
 
+    from inference.engine.models.loading import load_tokenizer
+    from inference.models import ModelVersion
     from metadata.sessions import token_stream
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)
-    register_tiny_pair()
+    name = register_tiny_pair()
+    return load_tokenizer(ModelVersion.objects.get(name=name, role="target", status="active").directory).decode
 
 
 class FaultBench:
-    def __init__(self, args, hosts: netns_hosts.Hosts | None = None,
+    def __init__(self, args, decode: Callable[[list[int]], str], hosts: netns_hosts.Hosts | None = None,
                  services: netns_hosts.Services | None = None, run_dir: Path | None = None) -> None:
-        self.args, self.hosts, self.services = args, hosts, services
+        self.args, self.decode, self.hosts, self.services = args, decode, hosts, services
+        self.clients = StreamClients()
         if hosts is None:
             self.workers = {"local": Worker(args.concurrency)}
         else:
@@ -186,20 +206,30 @@ class FaultBench:
             say(f"unfaulted {prompt!r}: {len(self._expected[prompt].tokens)} tokens")
         return self._expected[prompt]
 
-    def record(self, kind: str, run: int, session_id: str, prompt: str, note: str, settle: float = 0.0) -> None:
-        result = outcome(session_id, self.expected(prompt), self.args.deadline, self.args.max_tokens, settle)
+    def submit(self, prompt: str, sampled: bool, run: int) -> str:
+        """A session of ``prompt`` (greedy, or sampled with the run's drafter), followed by a stream
+        client from its first event."""
+        drafter = SAMPLED_DRAFTERS[run % len(SAMPLED_DRAFTERS)] if sampled else "draft_model"
+        session_id = submit(prompt, self.args.max_tokens, sampled=sampled, drafter=drafter)
+        self.clients.follow(session_id)
+        return session_id
+
+    def record(self, kind: str, run: int, session_id: str, prompt: str, note: str, settle: float = 0.0,
+               sampled: bool = False) -> None:
+        result = outcome(session_id, None if sampled else self.expected(prompt), self.args.deadline,
+                         self.args.max_tokens, settle, streamed=self.clients.streams[session_id], decode=self.decode)
         self.outcomes[kind].append(result)
         say(f"{kind} {run + 1}: {note}; {result.line()}")
 
-    def kill(self, kind: str, run: int) -> None:
+    def kill(self, kind: str, run: int, sampled: bool) -> None:
         """One kill run (retried when the kill came after the session had ended)."""
         prompt = PROMPTS[run % len(PROMPTS)]
         expected = self.expected(prompt)
         for _attempt in range(3):
-            session_id = submit(prompt, self.args.max_tokens)
+            session_id = self.submit(prompt, sampled, run)
             if kind == "kill_worker":
                 threshold = min(random.randint(5, 40), len(expected.tokens) // 3)
-                wait(lambda sid=session_id, n=threshold: committed(sid) >= n, 120)
+                wait(lambda sid=session_id, n=threshold: progressed(sid, n), 120)
                 time.sleep(random.uniform(0.0, 0.25))
                 at_kill = committed(session_id)
                 worker = self.worker_of(session_id)
@@ -221,7 +251,8 @@ class FaultBench:
             if status in TERMINAL:  # the fault came too late to be one
                 self.missed[kind] = self.missed.get(kind, 0) + 1
                 continue
-            self.record(kind, run, session_id, prompt, f"killed on {worker.role} at {at_kill} committed tokens")
+            self.record(kind, run, session_id, prompt, f"killed on {worker.role} at {at_kill} committed tokens",
+                        sampled=sampled)
             return
         say(f"{kind} {run + 1}: every kill came after the session ended (generation too short?)")
 
@@ -235,28 +266,30 @@ class FaultBench:
         prompts = [PROMPTS[(run + offset) % len(PROMPTS)] for offset in range(slots + 1)]
         for prompt in prompts:
             self.expected(prompt)
-        ids = [submit(prompt, self.args.max_tokens) for prompt in prompts]
+        sampled = [offset % 2 == 1 for offset in range(len(prompts))]  # every other one
+        ids = [self.submit(prompt, one_sampled, run) for prompt, one_sampled in zip(prompts, sampled)]
         wait(lambda: all(committed(session_id) >= 1 for session_id in ids[:-1]), 120)
         before = [(session_row(session_id)["status"], committed(session_id)) for session_id in ids]
         broker.flushdb()
-        for prompt, session_id, (status, rows) in zip(prompts, ids, before):
-            self.record("broker_flush", run, session_id, prompt, f"{status} with {rows} committed tokens at the flush")
+        for prompt, session_id, one_sampled, (status, rows) in zip(prompts, ids, sampled, before):
+            self.record("broker_flush", run, session_id, prompt, f"{status} with {rows} committed tokens at the flush",
+                        sampled=one_sampled)
 
     def taken_over(self, session_id: str, attempts: int, timeout: float) -> bool:
         """Wait until another run claimed the session (or it ended)."""
         return bool(wait(lambda: (lambda row: row["attempts"] > attempts or row["status"] in TERMINAL)(
             session_row(session_id)), timeout, interval=0.1))
 
-    def host_fault(self, kind: str, run: int) -> None:
+    def host_fault(self, kind: str, run: int, sampled: bool) -> None:
         """One pause, partition or restart run, once the session committed some tokens (retried
         when the session had ended first)."""
         prompt = PROMPTS[run % len(PROMPTS)]
         expected = self.expected(prompt)
         takeover_s = self.args.lease + self.args.requeue_after + 4 * self.args.reconcile_every + 30
         for _attempt in range(3):
-            session_id = submit(prompt, self.args.max_tokens)
+            session_id = self.submit(prompt, sampled, run)
             threshold = min(random.randint(3, 20), len(expected.tokens) // 3)
-            wait(lambda sid=session_id, n=threshold: committed(sid) >= n, 120)
+            wait(lambda sid=session_id, n=threshold: progressed(sid, n), 120)
             time.sleep(random.uniform(0.0, 0.2))
             row = session_row(session_id)
             worker = self.worker_of(session_id)
@@ -301,7 +334,7 @@ class FaultBench:
                 note = f"restarted in {time.monotonic() - started:.1f} s at {at_fault} tokens on {worker.role}"
             # A woken run writes, if anything lets it, in its next step: give it a few leases' time.
             settle = 3 * self.args.lease if kind in ("pause", "partition") else 0.0
-            self.record(kind, run, session_id, prompt, note, settle=settle)
+            self.record(kind, run, session_id, prompt, note, settle=settle, sampled=sampled)
             return
         say(f"{kind} {run + 1}: no attempt hit a running session (every fault came too late; see the lines above)")
 
@@ -315,32 +348,22 @@ class FaultBench:
                 self.workers[role] = worker.again()
 
     def run(self, case: str, run: int) -> None:
-        self.revive()
-        if case in ("kill_child", "kill_worker"):
-            self.kill(case, run)
-        elif case == "broker_flush":
+        if case == "broker_flush":  # its sessions are greedy and sampled
+            self.revive()
             self.broker_flush(run)
-        else:
-            self.host_fault(case, run)
+            return
+        for kind in KINDS:
+            self.revive()
+            if case in ("kill_child", "kill_worker"):
+                self.kill(case, run, sampled=kind == "sampled")
+            else:
+                self.host_fault(case, run, sampled=kind == "sampled")
 
     def result_line(self) -> str:
-        def ok(*kinds: str) -> str:
-            outcomes = [o for kind in kinds for o in self.outcomes[kind]]
-            return f"{sum(o.ok for o in outcomes)}/{len(outcomes)}"
-
-        every = [o for outcomes in self.outcomes.values() for o in outcomes]
-        duplicates = sum(o.repeated_steps + max(0, o.done_events - 1) for o in every)
-        lost_sessions = sum(not o.ended for o in every)
-        lost_rows = sum(o.lost_rows for o in every)
-        return (f"RESULT kill_child_ok={ok('kill_child')} kill_worker_ok={ok('kill_worker')} "
-                f"broker_flush_ok={ok('broker_flush')} duplicate_stream_events={duplicates} "
-                f"lost_sessions={lost_sessions} lost_rows={lost_rows} pause_ok={ok('pause')} "
-                f"partition_ok={ok('partition')} restart_ok={ok(*RESTARTS)} "
-                f"duplicate_tokens={sum(o.duplicate_tokens for o in every)} "
-                f"over_max_tokens={sum(o.over_max for o in every)} "
-                f"text_mismatch={sum(not o.text_ok for o in every)}")
+        return result_line(self.outcomes)
 
     def stop(self) -> None:
+        self.clients.stop()
         for worker in self.workers.values():
             worker.stop()
 
@@ -373,6 +396,7 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1, help="OMP_NUM_THREADS of the worker")
     parser.add_argument("--admin-url", default=ADMIN_URL, help="with --hosts local")
     parser.add_argument("--redis-db", type=int, default=15, help="flushed: give the bench a database of its own")
+    parser.add_argument("--database", default=BENCH_DB, help="recreated, and dropped unless --keep: one of its own")
     parser.add_argument("--seed", type=int, default=0, help="of the kill timings")
     parser.add_argument("--keep", action="store_true", help="keep the bench database (with --hosts local)")
     args = parser.parse_args()
@@ -399,10 +423,10 @@ def main() -> None:
             say(f"hosts: services at {hosts.services_ip} ({hosts.subnet}), workers on "
                 f"{', '.join(hosts.WORKERS)}; namespaces specops-{hosts.suffix}-*; logs in {LOG_DIR}")
         bench_environment(args, services)
-        recreate_database(args.admin_url, BENCH_DB)
-        prepare()
+        recreate_database(args.admin_url, args.database)
+        decode = prepare()
         started = time.monotonic()
-        bench = FaultBench(args, hosts, services, run_dir)
+        bench = FaultBench(args, decode, hosts, services, run_dir)
         reconciler = ReconcilerThread(args.reconcile_every)
         reconciler.start()
         for run in range(args.runs):
@@ -428,7 +452,7 @@ def main() -> None:
             if run_dir is not None:
                 shutil.rmtree(run_dir, ignore_errors=True)
         elif args.hosts == "local" and not args.keep:
-            drop_database(args.admin_url, BENCH_DB)
+            drop_database(args.admin_url, args.database)
 
 
 if __name__ == "__main__":
