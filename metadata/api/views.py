@@ -36,7 +36,7 @@ from metadata.api.serializers import (
 from metadata.api.tenancy import tenant_of
 from metadata.archival.families import archived_session_job
 from metadata.models import Candidate, Session, TokenRecord
-from metadata.sessions import token_stream
+from metadata.sessions import stream_hub, token_stream
 from metadata.sessions.cancel import cancel_sessions
 from metadata.sessions.state import get_session_detail, get_session_state
 
@@ -147,7 +147,8 @@ def session_stream(request: HttpRequest, pk) -> HttpResponse:
     """
     after = request.headers.get("Last-Event-ID", "").strip() or "0-0"
     if not token_stream.is_entry_id(after):
-        return error_response(request, 400, "Last-Event-ID: not an event id of this stream (expected <ms>-<seq>).")
+        return error_response(request, 400, "Last-Event-ID: not an event id of this stream (expected <ms>-<seq>, "
+                                            f"each part at most {stream_hub.MAX_ID_PART}).")
     try:
         caller = authorize(request, allow_session=True)
     except Refused as exc:

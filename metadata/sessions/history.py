@@ -31,6 +31,7 @@ from django.db.models import Subquery
 from metadata.ids import created_at_of
 from metadata.models import Session, TokenRecord
 from metadata.sessions import token_stream
+from metadata.sessions.stream_hub import parse_entry_id
 from metadata.sessions.token_stream import StreamEntry, step_entry_id
 
 logger = logging.getLogger(__name__)
@@ -58,11 +59,6 @@ def committed_steps(session_id, from_step: int = 0) -> list[StreamEntry]:
             "step": step, "token_ids": [row[1] for row in tokens], "text": "".join(row[2] for row in tokens),
             "kinds": [row[3] for row in tokens]}))
     return entries
-
-
-def parse_entry_id(entry_id: str) -> tuple[int, int]:
-    milliseconds, _, sequence = entry_id.partition("-")
-    return int(milliseconds), int(sequence or 0)
 
 
 def step_of(entry: StreamEntry) -> int | None:

@@ -14,6 +14,12 @@ key, which that read names at the id it last saw: a wake that reaches Redis befo
 still ends it at once, so a new stream never waits for the block to time out. One wake at most
 per read: a thousand streams opening together cost one ``XADD``, not a thousand.
 
+One follower's failure is its own: an id reaches the shared read only once Redis has taken it in
+the follower's own first read (``token_stream.afollow``), ids are checked against what Redis
+accepts before that (``is_entry_id``), and an error the shared read still meets that names one
+key (a command error, not a lost connection) is traced to that key's followers, which alone end
+with it; entries a follower cannot take end that follower only.
+
 Why hand-written: redis-py has no multiplexing reader for streams (consumer groups would make
 each stream's position server-side state that outlives the client, and every follower of a
 session reads the same entries, which a group would share out instead).
@@ -23,13 +29,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +57,24 @@ class StreamEntry:
     data: dict[str, Any]
 
 
+# Redis stream ids are two unsigned 64-bit integers, "<ms>-<seq>"; XREAD refuses a larger part.
+ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+MAX_ID_PART = 2**64 - 1
+
+
+def is_entry_id(value: str) -> bool:
+    """Whether ``value`` is a stream id Redis accepts: ``<ms>-<seq>``, each part at most 2^64 - 1."""
+    match = ENTRY_ID.fullmatch(value)
+    return match is not None and int(match[1]) <= MAX_ID_PART and int(match[2]) <= MAX_ID_PART
+
+
 def parse_entry_id(entry_id: str) -> tuple[int, int]:
     milliseconds, _, sequence = entry_id.partition("-")
     return int(milliseconds), int(sequence or 0)
+
+
+class FollowerError(RedisError):
+    """What ends one follower (and no other): Redis refused its read, or its entries could not be taken."""
 
 
 def decode_entries(entries) -> list[StreamEntry]:
@@ -63,6 +87,8 @@ class Subscription:
     """One follower's place in one stream: the entries it has been handed and not yet taken."""
 
     def __init__(self, hub: StreamHub, key: str, after: str) -> None:
+        if not is_entry_id(after):
+            raise ValueError(f"{after!r} is not a stream id Redis accepts (<ms>-<seq>, each at most {MAX_ID_PART})")
         self.hub, self.key = hub, key
         self.position = after  # the id of the last entry handed over (or the one to read after)
         self._position = parse_entry_id(after)
@@ -136,6 +162,8 @@ class StreamHub:
         return len(self._reading) - 1 if self._reading else 0
 
     def subscribe(self, key: str, after: str = "0-0") -> Subscription:
+        """Follow ``key`` after entry id ``after`` (one Redis has taken: ``token_stream.afollow``
+        reads it first on its own). Raises ValueError for an id Redis would refuse."""
         subscription = Subscription(self, key, after)
         self._followers.setdefault(key, []).append(subscription)
         if self._task is None:
@@ -182,7 +210,12 @@ class StreamHub:
         me = asyncio.current_task()
         try:
             while self._followers:
-                await self._read_once()
+                try:
+                    await self._read_once()
+                except Exception as exc:  # never leave followers waiting on a reader that died
+                    logger.exception("stream hub: read loop failed (%d streams)", len(self._followers))
+                    self._fail_all(FollowerError(f"the stream reader failed: {exc}"))
+                    await asyncio.sleep(RETRY_S)
         finally:
             if self._task is me:
                 self._task = None
@@ -194,11 +227,15 @@ class StreamHub:
         self._reading, self._woken = streams, False
         try:
             batches = await self.client.xread(streams, block=BLOCK_MS, count=COUNT)
+        except ResponseError as exc:  # Redis refused the command: find whose part of it
+            logger.warning("stream hub: read refused (%d streams): %s", len(streams) - 1, exc)
+            if not await self._fail_refused(streams):
+                self._fail_all(exc)
+                await asyncio.sleep(RETRY_S)
+            return
         except RedisError as exc:
             logger.warning("stream hub: read failed (%d streams): %s", len(streams) - 1, exc)
-            for followers in self._followers.values():
-                for follower in followers:
-                    follower.fail(exc)
+            self._fail_all(exc)
             await asyncio.sleep(RETRY_S)
             return
         finally:
@@ -208,9 +245,39 @@ class StreamHub:
             if key == self.wake_key:
                 self._wake_id = entries[-1][0].decode()
                 continue
-            decoded = decode_entries(entries)
+            try:
+                decoded = decode_entries(entries)
+            except (KeyError, ValueError, UnicodeDecodeError) as exc:  # an entry not as a worker writes them
+                self._fail_key(key, FollowerError(f"an entry of {key} cannot be read: {exc!r}"))
+                continue
             for follower in list(self._followers.get(key, ())):
                 follower.offer(decoded)
+
+    async def _fail_refused(self, streams: dict[str, str]) -> bool:
+        """After Redis refused the shared read: read each key alone (no block, one pipeline) and
+        end the followers of the keys Redis refuses; whether any key was refused alone."""
+        keys = [key for key in streams if key != self.wake_key]
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.xread({key: streams[key]}, count=1)
+                results = await pipe.execute(raise_on_error=False)
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            return False
+        refused = [(key, result) for key, result in zip(keys, results) if isinstance(result, Exception)]
+        for key, error in refused:
+            self._fail_key(key, FollowerError(f"Redis refused the read of {key}: {error}"))
+        return bool(refused)
+
+    def _fail_key(self, key: str, error: RedisError) -> None:
+        """End every follower of ``key`` with ``error``; the hub reads on for the others."""
+        for follower in self._followers.pop(key, ()):
+            follower.fail(error)
+
+    def _fail_all(self, error: RedisError) -> None:
+        for followers in self._followers.values():
+            for follower in followers:
+                follower.fail(error)
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamHub] = weakref.WeakKeyDictionary()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -279,7 +278,6 @@ def follow(session_id, block_ms: int = 1000, idle_limit: int = 60) -> Iterator[t
 
 # ---- async reading (the ASGI web server) ------------------------------------------------------
 
-ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 HEARTBEAT = "heartbeat"  # afollow: nothing new for heartbeat_s
 IDLE_LIMIT = "idle_limit"  # afollow: nothing new for idle_limit_s; the last item
 
@@ -288,7 +286,8 @@ _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.async
 
 
 def is_entry_id(value: str) -> bool:
-    return bool(ENTRY_ID.fullmatch(value))
+    """A stream id Redis accepts (``stream_hub.is_entry_id``): a client's ``Last-Event-ID`` is checked with it."""
+    return stream_hub.is_entry_id(value)
 
 
 def async_client() -> redis.asyncio.Redis:
@@ -333,17 +332,23 @@ async def afollow(session_id, after: str = "0-0", *, heartbeat_s: float, idle_li
     has ended, which is yielded as a synthesized ``done`` once the stream is drained.
 
     The first read is this follower's own (it does not block); after it, the loop's stream hub
-    reads for it, together with every other open stream of the process.
+    reads for it, together with every other open stream of the process. Only an id Redis has
+    taken joins the hub: an id it refuses fails this follower's own first read (``ValueError``
+    for one that is not a stream id at all), never the shared read of every stream.
     """
     key = stream_key(session_id)
     client_ = async_client()
     loop = asyncio.get_running_loop()
-    subscription = stream_hub.hub_of(client_).subscribe(key, after)
+    subscription: stream_hub.Subscription | None = None
     try:
         quiet_since, wait_s = loop.time(), None  # the first read does not block
         while True:
-            if wait_s is None:
-                subscription.offer(_entries(await client_.xread({key: subscription.position}, count=100)))
+            if subscription is None:
+                if not is_entry_id(after):
+                    raise ValueError(f"{after!r} is not a stream id Redis accepts")
+                first = _entries(await client_.xread({key: after}, count=100))
+                subscription = stream_hub.hub_of(client_).subscribe(key, after)
+                subscription.offer(first)
             else:
                 await subscription.wait(wait_s)
             entries = subscription.take()
@@ -372,7 +377,8 @@ async def afollow(session_id, after: str = "0-0", *, heartbeat_s: float, idle_li
                 yield HEARTBEAT
             wait_s = _block_ms(heartbeat_s, idle_limit_s, quiet) / 1000
     finally:
-        subscription.close()
+        if subscription is not None:
+            subscription.close()
 
 
 def _block_ms(heartbeat_s: float, idle_limit_s: float, quiet_s: float) -> int:
