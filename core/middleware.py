@@ -2,9 +2,10 @@
 
 A request body over DATA_UPLOAD_MAX_MEMORY_SIZE is a JSON 413 that names the limit: Django checks
 that limit only when ``request.body`` is read, and DRF's JSON parser reads the stream instead, so
-without this a 10 MB body was parsed in full. Checked on ``Content-Length``; multipart bodies are
-left to Django's own parser, whose limit excludes uploaded files. Under ASGI the handler has
-spooled the body before any middleware runs: ``core.body_limit`` refuses it earlier, unread.
+without this a 10 MB body was parsed in full. Checked on ``Content-Length``, for every content
+type: Django's own limit excludes a multipart body's files, which it spools to disk, and the API
+takes none. Under ASGI the handler has spooled the body before any middleware runs:
+``core.body_limit`` refuses it earlier, unread, and bounds an unauthenticated body far lower.
 
 A NUL character in the path or the query string (``%00``) reaches no query: PostgreSQL text
 cannot hold it, and the request log, a lookup by name or a cursor would fail with a 500. A path
@@ -29,7 +30,7 @@ from core.parsers import text_rule_broken
 def body_too_large(request: HttpRequest) -> HttpResponse | None:
     """The 413 answer to ``request``, or None when its declared body is within the limit."""
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is None or request.content_type == "multipart/form-data":
+    if limit is None:
         return None
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)

@@ -17,9 +17,13 @@ from core.view_mode_router import ViewModeRouter
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 # Before the application loads its middleware: the Django instrumentation inserts its own.
 configure_tracing("specops-web")
+django_asgi, django_wsgi = get_asgi_application(), get_wsgi_application()
+from metadata.api.credentials import credentials_valid  # noqa: E402  (needs the apps loaded)
+
 # BodyLimit refuses an oversized body at its declared length, or cuts a chunked one off, before
-# Django reads it whole (core/body_limit.py)
-application = BodyLimit(ViewModeRouter(get_asgi_application(), get_wsgi_application()))
+# Django reads it whole, and reads at most 64 KiB of a request without valid credentials
+# (core/body_limit.py)
+application = BodyLimit(ViewModeRouter(django_asgi, django_wsgi), credentials_valid=credentials_valid)
 # Django, DRF and the tokenizers' modules (with torch) live as long as the process: out of every
 # full collection from now on (core/long_lived.py)
 freeze_long_lived("web process")

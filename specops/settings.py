@@ -62,6 +62,8 @@ CACHES = {
         "KEY_PREFIX": env.str("SPECOPS_CACHE_PREFIX", default="specops"),
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            # JSON, not django-redis's default pickle: a value read from Redis never runs code here
+            "SERIALIZER": "django_redis.serializers.json.JSONSerializer",
             "SOCKET_CONNECT_TIMEOUT": 0.25,
             "SOCKET_TIMEOUT": 0.25,
         },
@@ -159,9 +161,10 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # JSON that nests too deeply is a 400 naming the body, not a RecursionError 500.
     "DEFAULT_PARSER_CLASSES": [
+        # JSON and forms (no files), held to the same text rules; anything else is a 415
         "core.parsers.JSONParser",
-        "rest_framework.parsers.FormParser",
-        "rest_framework.parsers.MultiPartParser",
+        "core.parsers.FormParser",
+        "core.parsers.MultiPartParser",
     ],
     # Per token and per tenant, counted in Redis (the "default" cache); rates: SPECOPS_THROTTLE_*.
     "DEFAULT_THROTTLE_CLASSES": [
