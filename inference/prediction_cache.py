@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import pickle
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +31,7 @@ from django.utils import timezone
 from inference.conf import conf
 from inference.engine.config import GenerationConfig
 from inference.signals import model_promoted
+from metadata.cache import codec
 from metadata.cache.counters import HITS, MISSES, REDIS, CacheStats
 from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, default_guard
 from metadata.models import Session, SessionStatus
@@ -93,6 +93,9 @@ def _resolve(key: RequestKey, client) -> str:
     return key.redis_key(int(target_ns or 0), int(draft_ns or 0))
 
 
+RESULT_FIELDS = frozenset({"text", "token_count", "finish_reason", "stats", "source_session"})  # remember_result's
+
+
 def lookup(key: RequestKey | None) -> dict[str, Any] | None:
     """The cached result of ``key``, or None (miss, non-deterministic, or Redis down)."""
     if key is None:
@@ -101,8 +104,16 @@ def lookup(key: RequestKey | None) -> dict[str, Any] | None:
     if payload is UNAVAILABLE or payload is None:
         _stats.record(REDIS, MISSES)
         return None
+    try:  # typed JSON, never a pickle: a value planted in Redis is a miss, not code run here
+        result, _ = codec.loads(payload)
+        if not isinstance(result, dict) or not RESULT_FIELDS <= result.keys():
+            raise codec.UnreadableEntry("not a cached result")
+    except codec.UnreadableEntry as exc:
+        logger.warning("unreadable prediction cache entry, read as a miss: %s", exc)
+        _stats.record(REDIS, MISSES)
+        return None
     _stats.record(REDIS, HITS)
-    return pickle.loads(payload)
+    return result
 
 
 def store(key: RequestKey | None, result: dict[str, Any]) -> bool:
@@ -110,7 +121,11 @@ def store(key: RequestKey | None, result: dict[str, Any]) -> bool:
     if key is None:
         return False
     ttl = conf.PREDICTION_CACHE_TTL_S
-    payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    try:  # no position: a prediction is dropped by its namespace, not by LSN
+        payload = codec.dumps(result, 0)
+    except codec.UncacheableValue:
+        logger.exception("prediction not cached")
+        return False
     stored = guard().run(lambda client: client.set(_resolve(key, client), payload, ex=ttl))
     return stored is not UNAVAILABLE and bool(stored)
 

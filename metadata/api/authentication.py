@@ -10,19 +10,24 @@ each request (a view may set attributes on ``request.user``; a shared instance w
 Revocation: saving or deleting a token, its user, the user's membership or the tenant
 invalidates the cached value after commit in every process (the receivers below;
 ``metadata.cache.invalidation``). A write that sends no signal (``QuerySet.update``) is seen when
-the Redis entry expires (``SPECOPS_CACHE_REDIS_TTL_S``). Entries are keyed by a SHA-256 of the
-token, so Redis never holds a usable credential; an unknown token is not cached (each try is a
-query, as before, and is refused with the same 401).
+the Redis entry expires (``SPECOPS_CACHE_REDIS_TTL_S``). An unknown token is not cached (each
+try is a query, as before, and is refused with the same 401).
+
+Redis holds no usable credential: an entry is keyed by an HMAC of the token under the server's
+``SECRET_KEY`` (a plain hash of a token read from Redis could be checked against guesses, and
+the key would name the token's entry to anyone who has it), and its rows leave out the token's
+key and the user's password hash (both deferred fields of the rebuilt instances; the key is the
+one the request brought).
 """
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import threading
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db.models.signals import post_delete, post_save
+from django.utils.crypto import salted_hmac
 from django.utils.translation import gettext_lazy as _
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
@@ -34,6 +39,10 @@ from metadata.models import Tenant, TenantMembership
 from metadata.replicas import read_routed
 
 CACHE_NAME = "api_token"
+KEY_SALT = "specops.api-token-cache"  # salted_hmac's salt: these HMACs serve nothing else
+# Never cached: the token itself (its row's primary key) and the user's password hash.
+TOKEN_FIELDS_LEFT_OUT = ("key",)
+USER_FIELDS_LEFT_OUT = ("password",)
 
 
 def load_token(key: str, min_lsn: int = 0) -> Versioned:
@@ -46,7 +55,8 @@ def load_token(key: str, min_lsn: int = 0) -> Versioned:
             return None
         membership = getattr(token.user, "membership", None)
         return {
-            "token": row_of(token), "user": row_of(token.user),
+            "token": row_of(token, exclude=TOKEN_FIELDS_LEFT_OUT),
+            "user": row_of(token.user, exclude=USER_FIELDS_LEFT_OUT),
             "membership": row_of(membership) if membership is not None else None,
             "tenant": row_of(membership.tenant) if membership is not None else None,
         }
@@ -55,10 +65,12 @@ def load_token(key: str, min_lsn: int = 0) -> Versioned:
     return Versioned(value, route.source_lsn)
 
 
-def rebuild(rows: dict[str, Any]) -> Token:
-    """Fresh instances of the cached rows, related as ``select_related`` would have related them."""
+def rebuild(rows: dict[str, Any], key: str) -> Token:
+    """Fresh instances of the cached rows of token ``key``, related as ``select_related`` would
+    have related them (the user's password hash deferred)."""
     user_model = get_user_model()
     token = instance_of(Token, rows["token"])
+    token.key = key
     user = instance_of(user_model, rows["user"])
     token.user = user
     reverse = user_model.membership.related  # the reverse one-to-one: cache "none" too, or it queries
@@ -73,10 +85,10 @@ def rebuild(rows: dict[str, Any]) -> Token:
 
 
 class TokenCache(TwoTierCache):
-    """The token cache: idents are token keys, Redis keys their SHA-256."""
+    """The token cache: idents are token keys, Redis keys their HMAC under the server's secret."""
 
     def key(self, ident: str) -> str:
-        return f"specops:c:{self.name}:{hashlib.sha256(ident.encode()).hexdigest()}"
+        return f"specops:c:{self.name}:{salted_hmac(KEY_SALT, ident, algorithm='sha256').hexdigest()}"
 
 
 _cache: TokenCache | None = None
@@ -101,7 +113,7 @@ class CachedTokenAuthentication(TokenAuthentication):
         rows = contextvars.copy_context().run(token_cache().get, key)
         if rows is None:
             raise exceptions.AuthenticationFailed(_("Invalid token."))
-        token = rebuild(rows)
+        token = rebuild(rows, key)
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed(_("User inactive or deleted."))
         return token.user, token

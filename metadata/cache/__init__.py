@@ -8,7 +8,9 @@ process's local tier. Redis is reached through a ``RedisGuard``, which skips it 
 
 Modules: ``two_tier`` (the cache), ``local_tier`` (in-process TTL LRU), ``redis_tier`` (Redis
 tier, guard, versioned values), ``invalidation`` (after-commit hooks and the pub/sub bus),
-``counters`` (counters), ``stats_snapshots`` (the beat task that stores them).
+``counters`` (counters), ``stats_snapshots`` (the beat task that stores them), ``codec`` (the
+typed, versioned JSON of every value in Redis: nothing read from Redis is unpickled), ``rows``
+(model rows as cacheable values).
 """
 from __future__ import annotations
 
@@ -16,13 +18,21 @@ from typing import Any
 
 from metadata.cache.counters import COALESCED, HITS, LOCAL, MISSES, REDIS, CacheStats
 from metadata.cache.invalidation import InvalidationBus, InvalidationTarget, after_commit
-from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, Versioned, default_guard, fail_fast_client
+from metadata.cache.redis_tier import (
+    PLAIN_VALUES,
+    UNAVAILABLE,
+    RedisGuard,
+    ValueCodec,
+    Versioned,
+    default_guard,
+    fail_fast_client,
+)
 from metadata.cache.two_tier import CacheConfig, Loader, TwoTierCache, WritePolicy
 
 __all__ = [
-    "COALESCED", "HITS", "LOCAL", "MISSES", "REDIS", "UNAVAILABLE",
+    "COALESCED", "HITS", "LOCAL", "MISSES", "PLAIN_VALUES", "REDIS", "UNAVAILABLE",
     "CacheConfig", "CacheStats", "InvalidationBus", "InvalidationTarget", "Loader", "RedisGuard",
-    "TwoTierCache", "Versioned", "WritePolicy",
+    "TwoTierCache", "ValueCodec", "Versioned", "WritePolicy",
     "after_commit", "default_guard", "fail_fast_client", "snapshot_cache_stats_now",
 ]
 

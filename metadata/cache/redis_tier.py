@@ -13,11 +13,15 @@ changed it committed. Three small Lua scripts keep the two consistent atomically
 Hand-written rather than a library: no Redis client offers a conditional set against a second
 key. Positions travel as 16-digit hex strings, which Lua compares correctly as strings (Lua
 numbers are doubles and lose precision above 2**53).
+
+Values are stored as typed, versioned JSON (``metadata.cache.codec``), never pickled: a payload
+the codec cannot read (an older format, a value planted by whoever can write to Redis) is a
+miss. A cache whose values are not plain data (model instances) gives a ``ValueCodec`` that turns
+them into rows and back.
 """
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +31,7 @@ from typing import Any, TypeVar
 import redis
 from django.conf import settings
 
+from metadata.cache import codec
 from metadata.conf import conf
 
 logger = logging.getLogger(__name__)
@@ -45,6 +50,18 @@ class Versioned:
 
     def fresh_for(self, floor: int) -> bool:
         return floor <= self.source_lsn
+
+
+@dataclass(frozen=True, slots=True)
+class ValueCodec:
+    """How one cache's values become plain data for ``metadata.cache.codec`` and come back:
+    ``dump(value)`` before a store, ``load(plain)`` after a read (a failure there is a miss)."""
+
+    dump: Callable[[Any], Any]
+    load: Callable[[Any], Any]
+
+
+PLAIN_VALUES = ValueCodec(dump=lambda value: value, load=lambda plain: plain)
 
 
 class _Unavailable:
@@ -135,8 +152,10 @@ def _hex(position: int) -> str:
 class RedisTier:
     """Versioned entries, invalidation floors and short locks for one cache's keys."""
 
-    def __init__(self, guard: RedisGuard, ttl_s: float, lock_ttl_s: float) -> None:
+    def __init__(self, guard: RedisGuard, ttl_s: float, lock_ttl_s: float,
+                 values: ValueCodec = PLAIN_VALUES) -> None:
         self.guard = guard
+        self.values = values
         self.ttl_ms = int(ttl_s * 1000)
         self.floor_ttl_ms = 2 * self.ttl_ms  # outlives any reader that started before the write
         self.lock_ttl_s = lock_ttl_s
@@ -150,16 +169,38 @@ class RedisTier:
         return scripts[index]
 
     def get(self, key: str) -> tuple[Versioned | None, int] | _Unavailable:
-        """(entry or None, the key's invalidation floor)."""
+        """(entry or None, the key's invalidation floor); an entry the codec cannot read is None."""
         result = self.guard.run(lambda client: client.mget(key, f"{key}:inv"))
         if result is UNAVAILABLE:
             return UNAVAILABLE
         payload, floor = result
-        entry = Versioned(*pickle.loads(payload)) if payload is not None else None
-        return entry, int(floor, 16) if floor is not None else 0
+        try:
+            floor = int(floor, 16) if floor is not None else 0
+        except (TypeError, ValueError):
+            logger.warning("cache key %s has an unreadable floor; read as a miss", key)
+            return None, 0
+        return (self._entry(key, payload) if payload is not None else None), floor
+
+    def _entry(self, key: str, payload: bytes) -> Versioned | None:
+        try:
+            value, source_lsn = codec.loads(payload)
+            return Versioned(self.values.load(value), source_lsn)
+        except (codec.UnreadableEntry, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            logger.warning("cache entry %s is unreadable (%s); read as a miss", key, exc)
+            return None
+
+    def _payload(self, key: str, entry: Versioned) -> bytes | None:
+        """The entry as the codec writes it, or None (logged) when its value has no encoder."""
+        try:
+            return codec.dumps(self.values.dump(entry.value), entry.source_lsn)
+        except codec.UncacheableValue:
+            logger.exception("cache entry %s not stored", key)
+            return None
 
     def store_if_fresh(self, key: str, entry: Versioned) -> bool | _Unavailable:
-        payload = pickle.dumps((entry.value, entry.source_lsn), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = self._payload(key, entry)
+        if payload is None:
+            return False
         return self.guard.run(lambda client: bool(self._script(client, 0)(
             keys=[key, f"{key}:inv"], args=[payload, _hex(entry.source_lsn), self.ttl_ms], client=client)))
 
@@ -168,7 +209,9 @@ class RedisTier:
             keys=[key, f"{key}:inv"], args=[_hex(position), self.floor_ttl_ms], client=client)))
 
     def write_through(self, key: str, entry: Versioned, position: int) -> bool | _Unavailable:
-        payload = pickle.dumps((entry.value, entry.source_lsn), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = self._payload(key, entry)
+        if payload is None:
+            return self.invalidate(key, position)
         return self.guard.run(lambda client: bool(self._script(client, 2)(
             keys=[key, f"{key}:inv"], args=[payload, _hex(position), self.ttl_ms, self.floor_ttl_ms],
             client=client)))
@@ -176,14 +219,15 @@ class RedisTier:
     def settle_many(self, entries: list[tuple[str, Versioned | None]], position: int) -> list | _Unavailable:
         """For each (key, entry): `write_through` the entry, or `invalidate` the key when None; in
         one pipeline (the scripts run as in one call each, one round trip for all of them)."""
+        payloads = [(key, None if entry is None else self._payload(key, entry)) for key, entry in entries]
+
         def run(client: redis.Redis) -> list:
             pipeline = client.pipeline(transaction=False)
-            for key, entry in entries:
-                if entry is None:
+            for key, payload in payloads:
+                if payload is None:
                     self._script(client, 1)(keys=[key, f"{key}:inv"], args=[_hex(position), self.floor_ttl_ms],
                                             client=pipeline)
                 else:
-                    payload = pickle.dumps((entry.value, entry.source_lsn), protocol=pickle.HIGHEST_PROTOCOL)
                     self._script(client, 2)(keys=[key, f"{key}:inv"],
                                             args=[payload, _hex(position), self.ttl_ms, self.floor_ttl_ms],
                                             client=pipeline)

@@ -50,8 +50,10 @@ from metadata.cache.invalidation import InvalidationBus, after_commit, after_com
 from metadata.cache.local_tier import LocalTier
 from metadata.cache.redis_tier import (
     UNAVAILABLE,
+    PLAIN_VALUES,
     RedisGuard,
     RedisTier,
+    ValueCodec,
     Versioned,
     default_guard,
 )
@@ -107,6 +109,7 @@ class TwoTierCache:
         self, name: str, loader: Loader, policy: WritePolicy = WritePolicy.CACHE_ASIDE, *,
         local: bool = True, redis: bool = True, coalesce: bool = True, guard: RedisGuard | None = None,
         config: CacheConfig | None = None, batch_loader: BatchLoader | None = None,
+        values: ValueCodec = PLAIN_VALUES,
     ) -> None:
         self.name = name
         self.loader = loader
@@ -117,7 +120,8 @@ class TwoTierCache:
         self.redis_enabled = redis
         self.coalesce = coalesce  # in-process single-flight (off only for the benchmark's baseline)
         self.guard = guard or default_guard()
-        self.redis = RedisTier(self.guard, self.config.redis_ttl_s, self.config.lock_ttl_s)
+        # ``values``: how values that are not plain data become rows in Redis (redis_tier.ValueCodec)
+        self.redis = RedisTier(self.guard, self.config.redis_ttl_s, self.config.lock_ttl_s, values)
         self.bus: InvalidationBus = bus_for(self.guard)
         self.bus.register(self)
         self.stats = CacheStats(name)

@@ -28,7 +28,8 @@ from django.db import connections, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from metadata.cache import CacheConfig, RedisGuard, TwoTierCache, Versioned, WritePolicy
+from metadata.cache import CacheConfig, RedisGuard, TwoTierCache, ValueCodec, Versioned, WritePolicy
+from metadata.cache.rows import instance_of, row_of
 from metadata.ids import created_at_of
 from metadata.models import Session
 from metadata.replicas import lsn, read_routed
@@ -90,6 +91,21 @@ def load_session_detail(ident: str, min_lsn: int = 0) -> Versioned:
     return Versioned(value, route.source_lsn)
 
 
+def _detail_rows(session: Session) -> dict[str, Any]:
+    return {"session": row_of(session), "target": row_of(session.target)}
+
+
+def _detail_of(rows: dict[str, Any]) -> Session:
+    session = instance_of(Session, rows["session"])
+    # the target's model through the foreign key: metadata imports nothing of inference
+    session.target = instance_of(Session._meta.get_field("target").related_model, rows["target"])
+    return session
+
+
+# The detail region caches a Session with its target: in Redis as their rows (metadata.cache.codec)
+DETAIL_VALUES = ValueCodec(dump=_detail_rows, load=_detail_of)
+
+
 def build_state_cache(*, local: bool = True, redis: bool = True, coalesce: bool = True,
                       guard: RedisGuard | None = None, config: CacheConfig | None = None) -> TwoTierCache:
     """A session-state cache; the benchmark and tests build variants (a tier or coalescing off)."""
@@ -112,7 +128,8 @@ def cache_for(region: str) -> TwoTierCache:
                 if region == STATE:
                     cache = build_state_cache()
                 elif region == DETAIL:
-                    cache = TwoTierCache("session_detail", load_session_detail, WritePolicy.CACHE_ASIDE)
+                    cache = TwoTierCache("session_detail", load_session_detail, WritePolicy.CACHE_ASIDE,
+                                         values=DETAIL_VALUES)
                 else:
                     raise ValueError(f"unknown session region {region!r}; expected one of {REGIONS}")
                 _caches[region] = cache
