@@ -125,6 +125,7 @@ LOCAL_CASES = ("kill_child", "kill_worker", "broker_flush")
 NETNS_CASES = (*LOCAL_CASES, "pause", "partition", *RESTARTS)
 SAMPLED_DRAFTERS = ("draft_model", "ngram", "tree", "suffix")  # a sampled session's, by run
 KINDS = ("greedy", "sampled")  # each fault run hits one session of each
+ATTEMPTS = 5  # sessions a fault run may submit before one is still running when the fault comes
 
 
 def bench_environment(args, services: netns_hosts.Services | None = None) -> None:
@@ -225,7 +226,7 @@ class FaultBench:
         """One kill run (retried when the kill came after the session had ended)."""
         prompt = PROMPTS[run % len(PROMPTS)]
         expected = self.expected(prompt)
-        for _attempt in range(3):
+        for _attempt in range(ATTEMPTS):
             session_id = self.submit(prompt, sampled, run)
             if kind == "kill_worker":
                 threshold = min(random.randint(5, 40), len(expected.tokens) // 3)
@@ -286,7 +287,7 @@ class FaultBench:
         prompt = PROMPTS[run % len(PROMPTS)]
         expected = self.expected(prompt)
         takeover_s = self.args.lease + self.args.requeue_after + 4 * self.args.reconcile_every + 30
-        for _attempt in range(3):
+        for _attempt in range(ATTEMPTS):
             session_id = self.submit(prompt, sampled, run)
             threshold = min(random.randint(3, 20), len(expected.tokens) // 3)
             wait(lambda sid=session_id, n=threshold: progressed(sid, n), 120)

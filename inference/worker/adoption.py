@@ -9,6 +9,10 @@ raises the stream's fence (token_stream.begin_run: the old run can stream nothin
 steps streamed past the committed ones; the new run writes their token rows under its own fence
 and resumes after them. Until those rows land the stream is the record of those steps.
 
+A session that ends with no run to end it (the reconciler fails it: its workers were lost too
+often, or none took it) adopts the same way inside the transaction that writes its end
+(`end_of_abandoned`), so a failed session too stores every token a client saw.
+
 The stream does not carry a step's candidates (the drafted branches), so an adopted step has
 token rows and no candidate rows.
 """
@@ -39,6 +43,19 @@ class AdoptedSteps:
     token_ids: tuple[int, ...]
     next_step: int
     rows: tuple[TokenRecord, ...]
+
+
+def committed_tokens(session: Session) -> tuple[list[int], int]:
+    """The session's committed tokens (the gap-free prefix from position 0) and the next step."""
+    rows = (TokenRecord.objects.filter(session_id=session.pk, session_created_at=session.created_at)
+            .order_by("position").values_list("position", "token_id", "step"))
+    tokens, next_step = [], 0
+    for position, token_id, step in rows:
+        if position != len(tokens):
+            break
+        tokens.append(token_id)
+        next_step = step + 1
+    return tokens, next_step
 
 
 def adopted_steps(session: Session, entries: Sequence[StreamEntry], start: int, next_step: int,
@@ -103,3 +120,47 @@ def start_stream(session: Session, committed: list[int], next_step: int,
     logger.info("session %s: run %d adopts %d streamed steps (%d tokens) after %d committed tokens",
                 session.pk, session.attempts, len(start.adopted), len(adopted.token_ids), len(committed))
     return committed + list(adopted.token_ids), adopted.next_step
+
+
+@dataclass(frozen=True)
+class AbandonedEnd:
+    """What an end no run writes stores (`end_of_abandoned`): every token, the step after them,
+    and the fence its ``done`` carries (the stream's, now above the lost run's)."""
+
+    token_ids: list[int]
+    text: str
+    next_step: int
+    fence: int
+    adopted: bool
+
+
+def end_of_abandoned(session: Session) -> AbandonedEnd | None:
+    """Inside the transaction that ends a session no run owns (the reconciler's, under the row's
+    lock): adopt what its last run streamed past the committed tokens, so the failed session
+    stores every token a client saw. The stream's fence goes to the next claim's (``attempts +
+    1``), so the lost run, should it wake, streams nothing after the end.
+
+    None (nothing read or written) when this process cannot decode the session's tokens: the
+    tokenizer of its model is not on this host.
+    """
+    from inference.engine.models.loading import load_tokenizer
+
+    try:
+        decode = load_tokenizer(session.target.directory).decode
+    except Exception:  # a reconciler on a host without the model's files: the committed tokens stay the record
+        logger.exception("session %s: no tokenizer here to adopt its streamed steps", session.pk)
+        return None
+    fence = session.attempts + 1
+    committed, next_step = committed_tokens(session)
+    start = token_stream.begin_run(session.pk, fence, next_step - 1)
+    if start.stale or not start.adopted:
+        return AbandonedEnd(committed, "", next_step, fence, adopted=False)
+    adopted = adopted_steps(session, start.adopted, len(committed), next_step, decode)
+    writer = BatchWriter((TokenRecord,))
+    for row in adopted.rows:
+        writer.add(row)
+    writer.flush()
+    tokens = committed + list(adopted.token_ids)
+    logger.info("session %s: its end adopts %d streamed steps (%d tokens) after %d committed tokens",
+                session.pk, len(start.adopted), len(adopted.token_ids), len(committed))
+    return AbandonedEnd(tokens, decode(tokens), adopted.next_step, fence, adopted=True)

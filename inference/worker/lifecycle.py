@@ -41,7 +41,7 @@ from inference.engine.batch.engine import BatchRequest
 from inference import affinity
 from inference.prefix_scope import session_cache_scope
 from inference.worker import canary, database_retry, metrics, suffix_feed
-from inference.worker.adoption import start_stream
+from inference.worker.adoption import committed_tokens, end_of_abandoned, start_stream
 from inference.worker.fencing import (
     SUPERSEDED,
     LeaseKeeper,
@@ -53,7 +53,7 @@ from inference.worker.recorder import SessionRecorder, pg_text
 from inference.worker.residency import residency
 from inference.worker.session_params import draft_config, generation_config
 from inference.worker.session_job import SessionEnd, SessionJob
-from metadata.models import Session, SessionStatus, TokenRecord
+from metadata.models import Session, SessionStatus
 from metadata.sessions import token_stream
 from metadata.sessions.state import invalidate_session
 
@@ -70,19 +70,6 @@ GENERATE_TASK = "inference.generate"  # by name: inference.tasks imports this mo
 # -- claim --------------------------------------------------------------------------------
 
 # -- prepare ------------------------------------------------------------------------------
-
-def committed_tokens(session: Session) -> tuple[list[int], int]:
-    """The session's committed tokens (the gap-free prefix from position 0) and the next step."""
-    rows = (TokenRecord.objects.filter(session_id=session.pk, session_created_at=session.created_at)
-            .order_by("position").values_list("position", "token_id", "step"))
-    tokens, next_step = [], 0
-    for position, token_id, step in rows:
-        if position != len(tokens):
-            break
-        tokens.append(token_id)
-        next_step = step + 1
-    return tokens, next_step
-
 
 def prepare(session: Session) -> SessionJob:
     """Load the session's models and build its batch request (errors here fail the session).
@@ -207,12 +194,14 @@ def end_session(session: Session, status: str, *, error: str = "", finish_reason
     """`finish_session`, returning the status written (None: nothing written).
 
     With ``abandoned`` (the reconciler's, for a session no run owns), the end is written only if
-    that condition holds under the row's lock, instead of the run's fence.
+    that condition holds under the row's lock, instead of the run's fence, and the steps the last
+    run streamed past the committed tokens are adopted first (adoption.end_of_abandoned).
     """
     fields = {"status": status, "error": error, "finish_reason": finish_reason, "finished_at": Now(),
               "updated_at": Now(), "last_activity_at": Now(), "lease_expires_at": None}
     if token_ids is not None:
         fields.update(token_count=len(token_ids), text=pg_text(text or ""), stats=stats or {})
+    fence = session.attempts
     with transaction.atomic():
         if abandoned is None and not lock_owned([(session.pk, session.attempts)]):
             return None  # a later run took the session over, or it ended or went back to its queue
@@ -224,12 +213,18 @@ def end_session(session: Session, status: str, *, error: str = "", finish_reason
             return None
         if current[0] == SessionStatus.CANCELLED:
             fields.update(status=SessionStatus.CANCELLED, finish_reason="cancelled", error="")
+        if abandoned is not None:  # no run ends it: what its last run streamed is adopted here
+            streamed = end_of_abandoned(session)
+            if streamed is not None:
+                fence, next_step = streamed.fence, streamed.next_step
+                if streamed.adopted:
+                    fields.update(token_count=len(streamed.token_ids), text=pg_text(streamed.text))
         Session.objects.filter(pk=session.pk).update(**fields)
         invalidate_session(session.pk)
     done = {"status": fields["status"], "finish_reason": fields["finish_reason"], "error": fields["error"]}
     if stats and stats.get("cached_tokens"):  # the OpenAI usage's prompt_tokens_details.cached_tokens
         done["cached_tokens"] = stats["cached_tokens"]
-    token_stream.publish(session.pk, "done", done, step=next_step, fence=session.attempts)
+    token_stream.publish(session.pk, "done", done, step=next_step, fence=fence)
     return fields["status"]
 
 

@@ -180,6 +180,28 @@ def test_prepare_resumes_from_the_adopted_steps_and_ends_at_once_when_they_end_t
     assert finished_before(job) == "length"  # the old run streamed the last step: nothing left to make
 
 
+def test_a_session_the_reconciler_fails_stores_what_its_last_run_streamed(tenant, tiny_model, streams, settings):
+    from inference.engine.models.loading import load_tokenizer
+    from inference.worker.reconciler import reconcile_sessions
+
+    settings.SPECOPS_MAX_ATTEMPTS = 1  # its worker lost once is one time too many
+    session = new_session(tenant, tiny_model, streams)
+    old = first_run_streams_past_its_commit(session)
+    lapse(session)
+
+    assert reconcile_sessions().failed == [str(session.pk)]
+
+    ended = Session.objects.get(pk=session.pk)
+    assert (ended.status, ended.token_count) == ("failed", 6)
+    assert ended.text == load_tokenizer(tiny_model.directory).decode([1, 2, 3, 4, 5, 6])
+    assert [(row[1], row[2]) for row in rows_of(session.pk)] == [(0, 1), (0, 2), (1, 3), (1, 4), (2, 5), (2, 6)]
+    late = old.record(step(session.pk, [7, 8]), BatchRecorder().writer)
+    assert token_stream.publish_fenced([late]) == [token_stream.STALE]  # the lost run wakes: nothing more
+    entries = token_stream.client().xrange(token_stream.stream_key(session.pk))
+    assert [(entry_id.decode(), fields[b"event"].decode()) for entry_id, fields in entries] == [
+        ("1-0", "tokens"), ("2-0", "tokens"), ("3-0", "tokens"), ("4-0", "done")]
+
+
 # ---- a real worker paused past its lease, a client following the stream -------------------------
 
 
