@@ -14,7 +14,8 @@ is checked by the database against the row, in the write's own transaction:
   yet written). A claim's UPDATE waits for that lock, so a write either commits before the claim
   (and the new run resumes after it) or sees the new fence and is refused.
 - the Redis stream refuses a publish whose fence is below the one the newest run recorded
-  (metadata.sessions.token_stream.begin_run / publish_fenced).
+  (metadata.sessions.token_stream.begin_run / publish_fenced); the newest run adopts what the
+  older ones streamed past the committed tokens (adoption.py).
 
 A run told that its fence is stale stops: the batching loop drops its row without a final write.
 Lease times come from the database's clock (``statement_timestamp()``, Django's ``Now()``), never
