@@ -1,13 +1,15 @@
-"""Fixtures of the read-path tests: the real streaming replica, paused or stopped and always
+"""Fixtures of the read-path tests: a real streaming replica, paused or stopped and always
 restored, plus a clean cache and a fresh replica snapshot for every test.
 
 Tests that read through the replica are transactional (``transaction=True``): the replica only
-sees committed rows, replicated through WAL into the mirrored test database.
+sees committed rows, replicated through WAL into the mirrored test database. A test that pauses
+or stops a replica asks for ``own_replica``: the replica alias then points at a replica of this
+test process's own (tests/private_replica.py) for the test, since pausing or stopping the shared
+one stalls every other test's reads on the machine.
 """
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,9 +25,8 @@ from metadata.cache import default_guard
 from metadata.models import Session
 from metadata.replicas import lsn, replica_health
 from metadata.sessions import state as session_state
+from tests.private_replica import PrivateReplica
 
-PG_VERSION = "15"
-REPLICA_CLUSTER = "replica"
 READ_PATH_MIDDLEWARE = "metadata.replicas.middleware.ReadYourWritesMiddleware"
 REQUEST_LOG_MIDDLEWARE = "metadata.sessions.request_log.RequestLogMiddleware"
 
@@ -66,8 +67,14 @@ def wait_for_replica_catch_up(timeout_s: float = 20.0) -> None:
     replica_health().expire()
 
 
+def _require_own_replica() -> PrivateReplica:
+    assert _own is not None, "pause or stop only a replica of the test's own: ask for the own_replica fixture"
+    return _own
+
+
 @contextmanager
 def paused_replay() -> Iterator[None]:
+    _require_own_replica()
     with _admin_connection(replica_alias()) as conn:
         conn.execute("SELECT pg_wal_replay_pause()")
         try:
@@ -81,11 +88,6 @@ def paused_replay() -> Iterator[None]:
             replica_health().expire()
 
 
-def _ctl(action: str) -> None:
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", PG_VERSION, REPLICA_CLUSTER, action]
-                   + (["-m", "fast"] if action == "stop" else []), check=True, capture_output=True, timeout=60)
-
-
 def _replica_accepts_connections() -> bool:
     try:
         replica_replay_lsn()
@@ -94,26 +96,66 @@ def _replica_accepts_connections() -> bool:
         return False
 
 
+def _forget_replica_connections() -> None:
+    """Django's replica pools and the health probe's connections, so the next read connects anew:
+    a pool that saw its connections die backs off before reconnecting (psycopg_pool waits >= 1 s
+    after a failed attempt, longer after each), and the 1 s pool timeout would fail a read."""
+    for alias in settings.DATABASE_REPLICAS:
+        connections[alias].close()
+        connections[alias].close_pool()
+    replica_health().close()
+    replica_health().expire()
+
+
 @contextmanager
 def stopped_replica() -> Iterator[None]:
-    """Stop the shared replica; always start it again and wait until it streams and catches up."""
-    _ctl("stop")
+    """Stop the test's own replica; always start it again and wait until it catches up."""
+    own = _require_own_replica()
+    own.stop()
     try:
         yield
     finally:
-        try:
-            _ctl("start")
-        except subprocess.CalledProcessError as exc:
-            if b"already running" not in (exc.stderr or b""):
-                raise
+        own.start()
+        _point_replica_alias_at(own.host, str(own.port))  # the port may have changed
         assert wait_until(_replica_accepts_connections, 30, 0.2), "replica did not come back"
         wait_for_replica_catch_up(30)
-        # This process's replica pool saw its connections die and backs off before reconnecting
-        # (psycopg_pool waits >= 1 s after a failed attempt, longer after each): a later test that
-        # asks the replica directly would time out on the 1 s pool timeout. Start it afresh.
-        for alias in settings.DATABASE_REPLICAS:
-            connections[alias].close()
-            connections[alias].close_pool()
+
+
+_own: PrivateReplica | None = None
+
+
+def _point_replica_alias_at(host: str, port: str) -> None:
+    """Where the replica alias connects (Django's pools and the health probe read this dict)."""
+    connections[replica_alias()].settings_dict.update(HOST=host, PORT=port)
+    settings.DATABASES[replica_alias()].update(HOST=host, PORT=port)
+    _forget_replica_connections()
+
+
+@pytest.fixture(scope="session")
+def private_replica_server(django_db_setup) -> Iterator[PrivateReplica]:
+    """This process's own streaming replica of the primary, built when a test first needs it."""
+    primary = settings.DATABASES["default"]
+    server = PrivateReplica.build(primary["HOST"] or "127.0.0.1", int(primary["PORT"]))
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def own_replica(private_replica_server) -> Iterator[PrivateReplica]:
+    """For one test the replica alias (Django's pool, the health probe) is this process's own
+    replica, which the test may pause or stop; the shared replica is untouched."""
+    global _own
+    config = connections[replica_alias()].settings_dict
+    shared = (config["HOST"], config["PORT"])
+    if not private_replica_server.accepts_connections():
+        private_replica_server.start()
+    _point_replica_alias_at(private_replica_server.host, str(private_replica_server.port))
+    _own = private_replica_server
+    try:
+        yield private_replica_server
+    finally:
+        _own = None
+        _point_replica_alias_at(*shared)
 
 
 @pytest.fixture(autouse=True)

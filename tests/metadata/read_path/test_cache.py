@@ -213,7 +213,7 @@ def test_write_through_broadcast_replaces_other_processes_entries(build_cache, t
     assert other.loads == loads
 
 
-def test_replica_behind_a_write_is_never_cached(build_cache, tenant, target_version):
+def test_replica_behind_a_write_is_never_cached(own_replica, build_cache, tenant, target_version):
     session = make_session(tenant, target_version)
     wait_for_replica_catch_up()
     cache = build_cache()

@@ -57,7 +57,8 @@ def test_writes_and_reads_in_atomic_go_to_primary(tenant, target_version):
             assert router.db_for_read(Session) == "default"
 
 
-def test_paused_replica_serves_own_writes_from_primary_then_replica_after_resume(api_client, target_version):
+def test_paused_replica_serves_own_writes_from_primary_then_replica_after_resume(own_replica, api_client,
+                                                                                   target_version):
     wait_for_replica_catch_up()
     with paused_replay():
         created = api_client.post("/api/v1/generations/", {"prompt": "hello speculative world"}, format="json")
@@ -89,7 +90,7 @@ def test_paused_replica_serves_own_writes_from_primary_then_replica_after_resume
     assert wait_until(listed_from_replica, 15, 0.1)
 
 
-def test_stopped_replica_reads_succeed_from_primary(api_client, tenant, target_version, monkeypatch):
+def test_stopped_replica_reads_succeed_from_primary(own_replica, api_client, tenant, target_version, monkeypatch):
     session = make_session(tenant, target_version)
     wait_for_replica_catch_up()
     warm_replica_pool(api_client)
