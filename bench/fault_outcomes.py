@@ -115,6 +115,7 @@ class Outcome:
     streamed: int = 0  # tokens its stream client was streamed
     stored: int = 0  # tokens its rows hold
     client_done: bool = False  # its stream client got the done event
+    reopened: int = 0  # times its stream client opened the stream again (it broke, or went idle)
 
     @property
     def ok(self) -> bool:
@@ -127,7 +128,7 @@ class Outcome:
                 f"done_events={self.done_events} repeated_steps={self.repeated_steps} "
                 f"duplicate_tokens={self.duplicate_tokens} over_max={self.over_max} text_ok={self.text_ok} "
                 f"stream_ok={self.stream_ok} (client streamed {self.streamed} of {self.stored} tokens, "
-                f"done {'seen' if self.client_done else 'not seen'})")
+                f"done {'seen' if self.client_done else 'not seen'}, stream opened again {self.reopened} times)")
 
 
 def stream_counts(session_id: str) -> tuple[int, int]:
@@ -182,7 +183,7 @@ def outcome(session_id: str, expected: Expected | None, deadline: float, max_tok
                    duplicate_tokens=len(positions) - len(set(positions)),
                    over_max=max(len(rows), row["token_count"]) > max_tokens, text_ok=row["text"] == expected_text,
                    sampled=expected is None, stream_ok=is_prefix(seen, tokens), streamed=len(seen),
-                   stored=len(tokens), client_done=streamed.done is not None)
+                   stored=len(tokens), client_done=streamed.done is not None, reopened=streamed.reopened)
 
 
 def progressed(session_id: str, tokens: int) -> bool:
