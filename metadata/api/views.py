@@ -70,16 +70,17 @@ class SessionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return SessionListSerializer if self.action == "list" else super().get_serializer_class()
 
     def retrieve(self, request, pk=None):
-        """One session, read through the two-tier cache (never older than the caller's writes)."""
+        """One session, read through the two-tier cache (never older than the caller's writes).
+
+        Another tenant's session is as absent as a missing one, and its detail is never loaded:
+        the tenant is checked first (``get_session_detail``'s ``tenant_id``)."""
+        tenant = tenant_of(request.user)
         try:
-            session = get_session_detail(pk)
+            session = get_session_detail(pk, tenant_id=tenant.pk) if tenant is not None else None
         except ValueError:  # not a UUID
             session = None
-        tenant = tenant_of(request.user)
         if session is None:
             raise absent_session(pk, request)
-        if tenant is None or session.tenant_id != tenant.pk:
-            raise NotFound()  # another tenant's session is as absent as a missing one
         self.check_object_permissions(request, session)
         return Response(self.get_serializer(session).data)
 
@@ -153,13 +154,13 @@ def session_stream(request: HttpRequest, pk) -> HttpResponse:
         caller = authorize(request, allow_session=True)
     except Refused as exc:
         return error_response(request, exc.status, exc.message, code=exc.code, headers=exc.headers)
-    state = get_session_state(pk)
+    # the tenant is checked before the state is read at the caller's floor; another tenant's
+    # session is as absent as a missing one
+    state = get_session_state(pk, tenant_id=caller.tenant.pk)
     if state is None:
         absent = absent_session(pk, request)
         return error_response(request, absent.status_code, absent.detail["detail"] if isinstance(
             absent.detail, dict) else "Not found.")
-    if state["tenant_id"] != caller.tenant.pk:
-        return error_response(request, 404, "Not found.")  # another tenant's session is as absent as a missing one
     try:  # the tenant's open streams are bounded (SPECOPS_TENANT_MAX_OPEN_STREAMS)
         slot = StreamSlot.take(caller.tenant)
     except StreamLimitReached as exc:

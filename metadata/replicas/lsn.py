@@ -95,6 +95,14 @@ def capture_primary_lsn() -> int:
         return parse_lsn(cursor.fetchone()[0])
 
 
+def primary_position() -> int:
+    """The primary's WAL insert position now (one round trip): every floor this server has
+    handed out (``capture_primary_lsn``) is at or below it, so it bounds a floor a client sends."""
+    with connections[PRIMARY_ALIAS].cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_insert_lsn()::text")
+        return parse_lsn(cursor.fetchone()[0])
+
+
 def required_lsn() -> int:
     """The position a replica must have replayed to serve this caller (reads it if pending).
 

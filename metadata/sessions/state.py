@@ -140,15 +140,38 @@ def _ident(session_id: uuid.UUID | str) -> str:
     return str(uuid.UUID(str(session_id)))  # one spelling per session, so one key
 
 
-def get_session_state(session_id: uuid.UUID | str) -> dict[str, Any] | None:
+def get_session_state(session_id: uuid.UUID | str, tenant_id: int | None = None) -> dict[str, Any] | None:
     """``{"id", "tenant_id", "status", "token_count", "updated_at"}``, or None if there is no such
-    session. Never older than the caller's own writes."""
+    session (or, with ``tenant_id``, none of that tenant's). Never older than the caller's own writes."""
+    if tenant_id is not None and session_tenant(session_id) != tenant_id:
+        return None
     return cache_for(STATE).get(_ident(session_id))
 
 
-def get_session_detail(session_id: uuid.UUID | str) -> Session | None:
-    """The Session (with ``target`` loaded), or None. Treat it as read-only: it may be shared."""
+def get_session_detail(session_id: uuid.UUID | str, tenant_id: int | None = None) -> Session | None:
+    """The Session (with ``target`` loaded), or None (with ``tenant_id``: also when it is another
+    tenant's, whose detail is then never loaded). Treat it as read-only: it may be shared."""
+    if tenant_id is not None and session_tenant(session_id) != tenant_id:
+        return None
     return cache_for(DETAIL).get(_ident(session_id))
+
+
+def session_tenant(session_id: uuid.UUID | str) -> int | None:
+    """The tenant of ``session_id`` (None: no such session), checked before a tenant's read loads
+    anything at the caller's floor.
+
+    Read through the state cache without the caller's floor: a session's tenant never changes, so
+    any cached state answers, and a caller's floor (``X-SpecOps-LSN``, the client's own word)
+    decides no load of a session that is not its tenant's. A session no tier holds is looked up
+    on the primary (a replica may not have it yet), at the primary's probed position.
+    """
+    ident, cache = _ident(session_id), cache_for(STATE)
+    with lsn.floor_scope():
+        state = cache.get(ident)
+        if state is None:
+            with lsn.primary_only():
+                state = cache.get(ident)
+    return state["tenant_id"] if state is not None else None
 
 
 def invalidate_session(session_id: uuid.UUID | str, regions: Iterable[str] = REGIONS) -> None:
