@@ -127,9 +127,10 @@ def run_session(session_id, submit: Callable[[SessionJob], None]) -> str:
     session = database_retry.retrying(lambda: claim_session(session_id), f"claiming session {session_id}")
     if session is None:  # ended (a redelivery of a finished task does nothing), or another run holds it
         return Session.objects.get(pk=session_id).status
-    if session.attempts > conf.MAX_ATTEMPTS:
-        finish_session(session, SessionStatus.FAILED,
-                       error=f"gave up after {conf.MAX_ATTEMPTS} attempts (the worker was lost each time)")
+    if session.attempts > conf.MAX_ATTEMPTS:  # no run will generate it: ended as the reconciler ends one
+        end_session(session, SessionStatus.FAILED,
+                    error=f"gave up after {conf.MAX_ATTEMPTS} attempts (the worker was lost each time)",
+                    abandoned=Q(status=SessionStatus.RUNNING, attempts=session.attempts))
         return SessionStatus.FAILED
     try:
         with LeaseKeeper(session):

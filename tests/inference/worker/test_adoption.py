@@ -202,6 +202,24 @@ def test_a_session_the_reconciler_fails_stores_what_its_last_run_streamed(tenant
         ("1-0", "tokens"), ("2-0", "tokens"), ("3-0", "tokens"), ("4-0", "done")]
 
 
+def test_a_run_over_its_attempts_fails_the_session_with_what_the_last_run_streamed(tenant, tiny_model, streams,
+                                                                                  settings):
+    from inference.worker.lifecycle import run_session
+
+    settings.SPECOPS_MAX_ATTEMPTS = 1
+    session = new_session(tenant, tiny_model, streams)
+    first_run_streams_past_its_commit(session)
+    lapse(session)  # a delivery of its task claims it a second time, one time too many
+
+    assert run_session(str(session.pk), submit=lambda job: pytest.fail("a run over its attempts generated")) == "failed"
+
+    ended = Session.objects.get(pk=session.pk)
+    assert (ended.status, ended.attempts, ended.token_count) == ("failed", 2, 6)
+    assert ended.error.startswith("gave up after 1 attempts")
+    assert [row[2] for row in rows_of(session.pk)] == [1, 2, 3, 4, 5, 6]
+    assert streamed_tokens(session.pk) == [(0, [1, 2]), (1, [3, 4]), (2, [5, 6])]
+
+
 # ---- a real worker paused past its lease, a client following the stream -------------------------
 
 
