@@ -239,7 +239,7 @@ class FaultBench:
                     continue
                 worker.kill_group()
             else:
-                wait(lambda sid=session_id: session_row(sid)["status"] == "running", 120)
+                wait(lambda sid=session_id: session_row(sid)["status"] in ("running", *TERMINAL), 120)
                 time.sleep(random.uniform(0.05, 1.5))
                 at_kill = committed(session_id)
                 worker = self.worker_of(session_id)
