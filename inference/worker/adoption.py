@@ -18,6 +18,7 @@ token rows and no candidate rows.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -134,6 +135,14 @@ class AbandonedEnd:
     adopted: bool
 
 
+@functools.lru_cache(maxsize=8)
+def _tokenizer(directory: str):
+    """A model's tokenizer, kept: one reconciler pass may end hundreds of sessions of one model."""
+    from inference.engine.models.loading import load_tokenizer
+
+    return load_tokenizer(directory)
+
+
 def end_of_abandoned(session: Session) -> AbandonedEnd | None:
     """Inside the transaction that ends a session no run owns (the reconciler's, under the row's
     lock): adopt what its last run streamed past the committed tokens, so the failed session
@@ -143,10 +152,8 @@ def end_of_abandoned(session: Session) -> AbandonedEnd | None:
     None (nothing read or written) when this process cannot decode the session's tokens: the
     tokenizer of its model is not on this host.
     """
-    from inference.engine.models.loading import load_tokenizer
-
     try:
-        decode = load_tokenizer(session.target.directory).decode
+        decode = _tokenizer(str(session.target.directory)).decode
     except Exception:  # a reconciler on a host without the model's files: the committed tokens stay the record
         logger.exception("session %s: no tokenizer here to adopt its streamed steps", session.pk)
         return None

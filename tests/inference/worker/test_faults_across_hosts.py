@@ -7,10 +7,11 @@ brings it back, and nothing is left behind. The slow one runs ``bench/faults.py 
 once per fault (a CPU worker on each worker host, the reconciler in the bench): a worker paused
 past its lease, a worker host partitioned mid-generation and healed, a worker killed, PostgreSQL,
 Redis and the broker restarted, each early in a generation that outlasts it (a PostgreSQL
-restart during a session's final flush still fails it: bench/README.md, Faults). Each session
-must end exactly once: succeeded, token rows
-0..n-1, no duplicate, no more than asked for, the unfaulted greedy run's tokens and text, and
-one ``done`` in its stream.
+restart during a session's final flush still fails it: bench/README.md, Faults), once on a
+greedy session and once on a sampled one. Each session must end exactly once: succeeded, token
+rows 0..n-1, no duplicate, no more than asked for, one ``done`` in its stream, what its stream
+client was streamed a prefix of what it stores, and for a greedy one the unfaulted run's tokens
+and text.
 """
 from __future__ import annotations
 
@@ -65,23 +66,28 @@ def test_every_session_ends_once_through_pauses_partitions_kills_and_restarts():
          "--deadline", "90"],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = bench.communicate(timeout=420)
+        stdout, stderr = bench.communicate(timeout=900)
     finally:
         if bench.poll() is None:  # SIGTERM: the bench removes its hosts, services and workers
             bench.terminate()
             bench.communicate(timeout=60)
     assert bench.returncode == 0, stdout[-3000:] + stderr[-3000:]
     lines = stdout.splitlines()
-    for case in CASES:  # each fault hit a running session (not one that had ended) and it came through
-        [line] = [line for line in lines if line.startswith(f"{case} 1: ")] or [f"{case}: no line"]
-        assert "status=succeeded" in line and "rows_ok=True" in line and "text_ok=True" in line, line
-        if case in ("pause", "partition"):
-            assert "taken over: True" in line, line  # past the lease: another run claimed the session
+    for case in CASES:  # each fault hit a running session (not one that had ended) of each kind and it came through
+        hit = [line for line in lines if line.startswith(f"{case} 1: ")]
+        assert [kind for kind in ("greedy", "sampled") if any(f"; {kind} " in line for line in hit)] == [
+            "greedy", "sampled"], hit
+        for line in hit:
+            assert "status=succeeded" in line and "rows_ok=True" in line and "text_ok=True" in line, line
+            assert "stream_ok=True" in line, line
+            if case in ("pause", "partition"):
+                assert "taken over: True" in line, line  # past the lease: another run claimed the session
     result = dict(pair.split("=") for pair in lines[-1].removeprefix("RESULT ").split())
     assert result == {
-        "kill_child_ok": "0/0", "kill_worker_ok": "1/1", "broker_flush_ok": "0/0", "duplicate_stream_events": "0",
-        "lost_sessions": "0", "lost_rows": "0", "pause_ok": "1/1", "partition_ok": "1/1", "restart_ok": "3/3",
-        "duplicate_tokens": "0", "over_max_tokens": "0", "text_mismatch": "0"}, lines[-1]
+        "kill_child_ok": "0/0", "kill_worker_ok": "2/2", "broker_flush_ok": "0/0", "duplicate_stream_events": "0",
+        "lost_sessions": "0", "lost_rows": "0", "pause_ok": "2/2", "partition_ok": "2/2", "restart_ok": "6/6",
+        "duplicate_tokens": "0", "over_max_tokens": "0", "text_mismatch": "0", "sampled_ok": "6/6",
+        "stream_mismatch": "0"}, lines[-1]
 
 
 ABANDONING_RUN = """
