@@ -25,3 +25,13 @@ def temperature_rule(maximum: float) -> str:
 
 
 TOP_P_RULE = f"must be greater than 0 (at least {MIN_TOP_P:g}) and at most 1"
+
+# A response_format (or the tools of an OpenAI request) is compiled into a grammar and stored with
+# its session: bounded in size (its JSON text) and depth before either happens.
+MAX_RESPONSE_FORMAT_CHARS = 65_536
+MAX_TOOLS_CHARS = 32_768  # their grammar, stored as the session's response_format, stays under the above
+MAX_SCHEMA_DEPTH = 32
+
+# Idempotency-Key (both APIs' generation POSTs): at most this long, remembered this long.
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+IDEMPOTENCY_KEY_TTL_S = 24 * 3600

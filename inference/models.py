@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -173,3 +174,30 @@ class ModelVersion(models.Model):
 
         transaction.on_commit(lambda: model_promoted.send(sender=ModelVersion, version=self, replaced=replaced))
         return replaced
+
+
+class IdempotencyKey(models.Model):
+    """A generation POST's ``Idempotency-Key``: the session its first try made (``inference.idempotency``).
+
+    One row per (user, key) while it lives (``expires_at``); the unique constraint is what lets
+    concurrent retries race: one claims the key, the others find it. Not partitioned: rows live
+    a day (``IDEMPOTENCY_KEY_TTL_S``) and the reconciler deletes them past that, so the table
+    holds a day of keyed requests whatever the traffic has been. The session is named by id (its
+    table is partitioned; the id carries its creation time).
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the endpoint and the body.")
+    claim = models.UUIDField(help_text="The request that holds the key (a takeover gets a new one).")
+    session_id = models.UUIDField(null=True, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "key"], name="idempotency_key_per_user")]
+        indexes = [models.Index(fields=["expires_at"], name="idempotency_key_expiry")]
+
+    def __str__(self) -> str:
+        return f"{self.key} (user {self.user_id})"

@@ -7,9 +7,11 @@ from typing import Any, ClassVar
 from django.http import QueryDict
 from rest_framework import serializers
 
+from core.parsers import BodyNotJSON, loads_json_field, nesting_depth
 from inference.api.tokenizers import count_tokens
 from inference.engine.config import GenerationConfig
-from inference.engine.constraints import ConstraintError, constraint_from_response_format
+from inference.engine.constraints import ConstraintError, OutputConstraint, constraint_from_response_format
+from inference.engine.constraints.grammar import remember_constraint
 from inference.engine.drafters import (
     DRAFTER_PARAMETERS,
     DRAFTERS,
@@ -22,6 +24,8 @@ from inference.generations import ModelNotServed
 from inference.limits import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
+    MAX_RESPONSE_FORMAT_CHARS,
+    MAX_SCHEMA_DEPTH,
     MAX_SEED,
     MAX_STOP_CHARS,
     MAX_STOP_SEQUENCES,
@@ -90,6 +94,30 @@ class StrictFloatField(serializers.FloatField):
         return super().to_internal_value(data)
 
 
+class RequestJSONField(serializers.JSONField):
+    """Any JSON value; from a form, the field's text is parsed with a JSON body's rules (nesting
+    depth, NUL, lone surrogates: ``core.parsers``), so a form cannot send what a JSON body cannot."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if _from_form(self) and isinstance(data, (str, bytes)):
+            try:
+                return loads_json_field(data, self.field_name)
+            except BodyNotJSON as exc:
+                raise serializers.ValidationError(str(exc)) from None
+        return super().to_internal_value(data)
+
+
+def response_format_rule(value: Any) -> str | None:
+    """Why ``value`` is too large a response_format to compile and store (None: it is not)."""
+    depth = nesting_depth(value)
+    if depth > MAX_SCHEMA_DEPTH:
+        return f"must nest at most {MAX_SCHEMA_DEPTH} levels deep; got {depth}."
+    size = len(json.dumps(value))
+    if size > MAX_RESPONSE_FORMAT_CHARS:
+        return f"must be at most {MAX_RESPONSE_FORMAT_CHARS} characters as JSON; got {size}."
+    return None
+
+
 def _drafter_choices() -> list[tuple[str, str]]:
     return [(kind.name, kind.summary) for kind in DRAFTERS.values()]
 
@@ -128,7 +156,7 @@ class GenerationRequestSerializer(serializers.Serializer):
     stop = serializers.ListField(
         child=StrictCharField(min_length=1, max_length=MAX_STOP_CHARS, trim_whitespace=False),
         max_length=MAX_STOP_SEQUENCES, default=list)
-    response_format = serializers.JSONField(
+    response_format = RequestJSONField(
         required=False, allow_null=True,
         help_text='OpenAI\'s object: {"type": "text"} (default), {"type": "json_object"}, or '
                   '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}; the output is '
@@ -152,12 +180,30 @@ class GenerationRequestSerializer(serializers.Serializer):
         return fields
 
     def validate_response_format(self, value: Any) -> dict | None:
-        """A format the engine cannot compile is refused here, before anything is enqueued."""
+        """A format too large, or one the engine cannot compile, is refused here, before anything is
+        enqueued. Compiled without being remembered: ``remember_constraints`` once it is accepted
+        (the context's ``checked_constraints`` compiled already in this request)."""
+        rule = response_format_rule(value)
+        if rule:
+            raise serializers.ValidationError(rule)
+        checked = self.context.get("checked_constraints", ())
         try:
-            constraint = constraint_from_response_format(value)
+            shape = constraint_from_response_format(value, compile=False)
+            if shape is not None and shape not in checked:
+                constraint_from_response_format(value, remember=False)
         except ConstraintError as error:
             raise serializers.ValidationError(str(error)) from None
-        return value if constraint is not None else None
+        self.constraint = shape
+        return value if shape is not None else None
+
+    constraint: OutputConstraint | None = None  # the response_format's, once validated
+
+    def remember_constraints(self, *others: OutputConstraint) -> None:
+        """The request was accepted: its constraints (and ``others`` checked with it) need not be
+        compiled again (``inference.engine.constraints.grammar``)."""
+        for constraint in (self.constraint, *others):
+            if constraint is not None:
+                remember_constraint(constraint)
 
     def validate_temperature(self, value: float) -> float:
         if 0.0 < value < MIN_TEMPERATURE:

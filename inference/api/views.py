@@ -16,10 +16,12 @@ from inference.api.serializers import (
     GenerationRequestSerializer,
     ModelVersionSerializer,
 )
+from inference import idempotency
 from inference.generations import GenerationRefused, ModelNotServed, start_generation
 from inference.models import ModelVersion, VersionStatus
 from inference.registry import DeviceNotServed, promote_version
 from metadata.api.tenancy import tenant_of
+from metadata.models import Session
 
 
 def refusal_error(refusal: GenerationRefused) -> APIException:
@@ -33,6 +35,14 @@ def refusal_error(refusal: GenerationRefused) -> APIException:
         return ValidationError({"model": [refusal.message]})
     error = Unavailable(refusal.message, refusal.code, refusal.retry_after_s)
     error.status_code = refusal.http_status
+    return error
+
+
+def idempotency_error(refusal: idempotency.IdempotencyRefused) -> APIException:
+    """The SpecOps API's answer to a key it cannot use: the header named as the field at fault."""
+    error = Unavailable(refusal.message, refusal.code, refusal.retry_after_s)
+    error.status_code = refusal.status
+    error.detail = {idempotency.HEADER: [refusal.message]}
     return error
 
 
@@ -54,26 +64,60 @@ class GenerationViewSet(viewsets.GenericViewSet):
     def handle_exception(self, exc: Exception):
         if isinstance(exc, GenerationRefused):
             exc = refusal_error(exc)
+        elif isinstance(exc, idempotency.IdempotencyRefused):
+            exc = idempotency_error(exc)
         return super().handle_exception(exc)
 
     @extend_schema(responses={202: GenerationAcceptedSerializer, 200: GenerationAcceptedSerializer})
     def create(self, request):
+        """Start a generation; with ``Idempotency-Key``, a retry answers what the first try did
+        (``inference.idempotency``)."""
         tenant = tenant_of(request.user)
         if tenant is None:
             raise PermissionDenied("this user belongs to no tenant.")
-        serializer = self.get_serializer(data=request.data)
-        with measure("validation"):
-            serializer.is_valid(raise_exception=True)
-        generation = start_generation(serializer, tenant, request.user)
+        key = idempotency.key_of(request.META)
+        claim = None
+        if key is not None:  # the body as sent, read before the parser consumes the stream
+            claim = idempotency.claim(request.user.pk, key, request.path, request.body)
+            if isinstance(claim, idempotency.Replay):
+                return self._replay(request, tenant, claim)
+        try:
+            serializer = self.get_serializer(data=request.data)
+            with measure("validation"):
+                serializer.is_valid(raise_exception=True)
+            generation = start_generation(serializer, tenant, request.user)
+        except BaseException:
+            if claim is not None:
+                claim.release()  # refused: the key may be sent again
+            raise
+        serializer.remember_constraints()
         session = generation.session
-        url = request.build_absolute_uri(reverse("session-detail", args=[session.pk]))
-        body = {
-            "id": session.pk, "status": session.status, "queue": session.queue, "url": url,
-            "stream_url": request.build_absolute_uri(reverse("session-stream", args=[session.pk])),
-            "tokens_url": request.build_absolute_uri(reverse("session-tokens", args=[session.pk])),
-        }
         # A deterministic request answered from the prediction cache is already done: 200, not 202.
         code = status.HTTP_200_OK if generation.cached else status.HTTP_202_ACCEPTED
+        if claim is not None:
+            claim.complete(session.pk, code)
+        return self._accepted(request, session.pk, session.status, session.queue, code)
+
+    def _replay(self, request, tenant, replay: idempotency.Replay) -> Response:
+        session = (Session.objects.using("default").filter(pk=replay.session_id, tenant=tenant)
+                   .values("status", "queue").first())
+        if session is None:  # its day was archived: the key outlived it
+            raise idempotency.IdempotencyRefused(422, f"{idempotency.HEADER}: the session this key made "
+                                                 f"({replay.session_id}) is no longer in the database; "
+                                                 "send a new key.", "idempotency_key_expired")
+        response = self._accepted(request, replay.session_id, session["status"], session["queue"],
+                                  replay.status_code)
+        response[idempotency.REPLAYED_HEADER] = "true"
+        return response
+
+    @staticmethod
+    def _accepted(request, session_id, session_status: str, queue: str, code: int) -> Response:
+        url = request.build_absolute_uri(reverse("session-detail", args=[session_id]))
+        body = {
+            "id": session_id, "status": session_status, "queue": queue, "url": url,
+            "stream_url": request.build_absolute_uri(reverse("session-stream", args=[session_id])),
+            "tokens_url": request.build_absolute_uri(reverse("session-tokens", args=[session_id])),
+        }
         return Response(body, status=code, headers={"Location": url})
 
 

@@ -8,6 +8,11 @@ A session is left behind in two ways (DESIGN.md, the Celery traps):
   visibility timeout, so the reconciler re-enqueues the session on its queue; the claim lets
   one worker take it, and that worker resumes from the committed tokens. A session already
   claimed ``MAX_ATTEMPTS`` times fails instead, with the reason.
+- It was cancelled while it ran, and its worker died before writing the end. Cancelling a
+  running session sets its status and leaves the end (``finished_at``, the stream's ``done``) to
+  the batching loop, which stops it at its next step; a loop that is gone never does, and the
+  session's lease (renewed only while it runs) lapses. The reconciler writes that end: the
+  session is ``cancelled`` with its end, and its stream followers are told.
 - Its task was lost (the broker's database flushed, a failover without persistence). The
   session stays ``queued`` with no message, which nothing can observe from here, so a session
   queued ``RECONCILE_QUEUED_S`` after its last enqueue gets another message. A duplicate is
@@ -15,10 +20,12 @@ A session is left behind in two ways (DESIGN.md, the Celery traps):
   ``RECONCILE_GIVE_UP_S`` after its creation fails: no worker serves its queue.
 
 One pass at a time (``pg_try_advisory_lock`` on a direct connection). This module only finds
-the sessions; lifecycle.py changes them (`requeue`, `fail_abandoned`), each change an UPDATE that
+the sessions; lifecycle.py changes them (`requeue`, `fail_abandoned`, which writes a cancelled
+session's end as cancelled), each change an UPDATE that
 repeats the condition the session was picked by, so a worker that claims or finishes the session
-in between wins. Nothing is published to a session's stream here but a failure's final event
-(by ``finish_session``): a re-enqueued session's stream continues when it resumes.
+in between wins. Nothing is published to a session's stream here but a failure's or a
+cancellation's final event (by ``finish_session``): a re-enqueued session's stream continues
+when it resumes. Each pass also deletes expired ``Idempotency-Key`` rows (``inference.idempotency``).
 """
 from __future__ import annotations
 
@@ -31,6 +38,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from core.database_config import maintenance_alias
+from inference import idempotency
 from inference.conf import conf
 from inference.worker.fencing import database_now
 from inference.worker.lifecycle import EnqueueFailed, fail_abandoned, requeue
@@ -51,21 +59,33 @@ class ReconcileReport:
     resumed: list[str] = field(default_factory=list)  # a lost worker's session, back on its queue
     requeued: list[str] = field(default_factory=list)  # a queued session given another task
     failed: list[str] = field(default_factory=list)  # attempts exhausted, or waited too long
+    cancelled: list[str] = field(default_factory=list)  # cancelled while running; its worker died
     enqueue_errors: list[str] = field(default_factory=list)  # left queued; the next pass retries
+    keys_expired: int = 0  # Idempotency-Key rows deleted
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
         return (f"resumed={len(self.resumed)} requeued={len(self.requeued)} failed={len(self.failed)} "
-                f"enqueue_errors={len(self.enqueue_errors)}")
+                f"cancelled={len(self.cancelled)} enqueue_errors={len(self.enqueue_errors)} "
+                f"keys_expired={self.keys_expired}")
+
+
+def lease_lapsed(now: datetime) -> Q:
+    """No worker renewed the session's lease (a null lease: no activity for a lease's length)."""
+    lease = timedelta(seconds=conf.SESSION_LEASE_S)
+    return Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, last_activity_at__lt=now - lease)
 
 
 def lapsed_lease(now: datetime) -> Q:
-    """Running, and no worker renewed its lease (a null lease: no activity for a lease's length)."""
-    lease = timedelta(seconds=conf.SESSION_LEASE_S)
-    return Q(status=SessionStatus.RUNNING) & (
-        Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True, last_activity_at__lt=now - lease))
+    """Running, and no worker renewed its lease."""
+    return Q(status=SessionStatus.RUNNING) & lease_lapsed(now)
+
+
+def cancelled_unended(now: datetime) -> Q:
+    """Cancelled while it ran, its end not written, and no worker has touched it for a lease's length."""
+    return Q(status=SessionStatus.CANCELLED, finished_at__isnull=True) & lease_lapsed(now)
 
 
 def stale_enqueue(now: datetime) -> Q:
@@ -96,9 +116,11 @@ class SessionReconciler:
         report = ReconcileReport()
         with primary_only(), advisory_lock(RECONCILER_LOCK, maintenance_alias(settings.DATABASES)):
             self.lost_workers(now, report)
+            self.abandoned_cancels(now, report)
             self.given_up(now, report)
             self.lost_tasks(now, report)
-        if report.resumed or report.failed or report.enqueue_errors:
+            report.keys_expired = idempotency.purge_expired()
+        if report.resumed or report.failed or report.cancelled or report.enqueue_errors:
             logger.warning("reconcile_sessions: %s", report.summary())
         elif report.requeued:  # a backlog looks the same: not worth a warning each pass
             logger.info("reconcile_sessions: %s", report.summary())
@@ -120,6 +142,16 @@ class SessionReconciler:
             if self._requeue(pk, row["queue"], condition, now, report, next_fence=attempts + 1,
                              status=SessionStatus.QUEUED, lease_expires_at=None, error=note):
                 report.resumed.append(str(pk))
+
+    def abandoned_cancels(self, now: datetime, report: ReconcileReport) -> None:
+        """Write the end of each session cancelled while it ran whose worker is gone."""
+        rows = (Session.objects.filter(cancelled_unended(now)).order_by("last_activity_at")
+                .values_list("pk", flat=True)[:BATCH])
+        for pk in rows:
+            # the end written under the row's lock, the condition checked again there; a cancelled
+            # session's end is written as cancelled (lifecycle.end_session), its stream told
+            if fail_abandoned(pk, cancelled_unended(now), "cancelled; its worker was lost", now, self.worker_name):
+                report.cancelled.append(str(pk))
 
     def given_up(self, now: datetime, report: ReconcileReport) -> None:
         rows = Session.objects.filter(waited_too_long(now)).order_by("created_at").values_list("pk", "queue")[:BATCH]

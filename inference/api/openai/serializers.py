@@ -14,8 +14,9 @@ from typing import Any
 
 from inference.api.openai.errors import OpenAIError, bad_param, unsupported
 from inference.api.openai.tools import ToolCalling, parse_tools
+from inference.api.serializers import response_format_rule
 from inference.engine.config import GenerationConfig
-from inference.engine.constraints import ConstraintError, constraint_from_response_format
+from inference.engine.constraints import ConstraintError, OutputConstraint, constraint_from_response_format
 from inference.limits import (
     MAX_STOP_SEQUENCES,
     MIN_TEMPERATURE,
@@ -131,6 +132,14 @@ class OpenAIRequest:
         data.update({key: value for key, value in optional.items() if value is not None})
         return data
 
+    def checked_constraints(self) -> tuple[OutputConstraint, ...]:
+        """The constraints parsing compiled (not remembered until the request is accepted):
+        ``response_format``'s and each tool's parameters'."""
+        checked = [constraint_from_response_format(self.response_format, compile=False)] if self.response_format else []
+        if self.tools is not None:
+            checked += [OutputConstraint.json_schema(function.schema()) for function in self.tools.functions]
+        return tuple(constraint for constraint in checked if constraint is not None)
+
     def param_of(self, generation_field: str) -> str:
         """The OpenAI name of a GenerationRequestSerializer field (for error messages)."""
         if generation_field == "max_new_tokens":
@@ -186,9 +195,15 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:
-    """The response format to pass on (None for text); a schema the engine cannot compile is a 400."""
+    """The response format to pass on (None for text); one too large or nested too deeply, or a
+    schema the engine cannot compile, is a 400 (compiled, not yet remembered: ``checked_constraints``)."""
+    if value is None:
+        return None
+    rule = response_format_rule(value)
+    if rule:
+        raise bad_param("response_format", f"'response_format' {rule}")
     try:
-        constraint = constraint_from_response_format(value)
+        constraint = constraint_from_response_format(value, remember=False)
     except ConstraintError as error:
         param = str(error).split(":", 1)[0]
         raise bad_param(param, f"Invalid '{param}': {str(error).split(': ', 1)[1]}") from None

@@ -31,8 +31,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from core.parsers import nesting_depth
 from inference.api.openai.errors import bad_param
 from inference.engine.constraints import ConstraintError, constraint_from_response_format
+from inference.limits import MAX_SCHEMA_DEPTH, MAX_TOOLS_CHARS
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
@@ -222,6 +224,7 @@ def parse_tools(body: dict) -> ToolCalling | None:
         return None
     if not isinstance(tools, list):
         raise bad_param("tools", "'tools' must be a list of functions.", code="invalid_type")
+    _check_size(tools)
     functions = tuple(_function(index, tool) for index, tool in enumerate(tools))
     names = [function.name for function in functions]
     if len(set(names)) != len(names):
@@ -237,6 +240,16 @@ def parse_tools(body: dict) -> ToolCalling | None:
     if named not in names:
         raise bad_param("tool_choice.function.name", f"no function named {named!r} in 'tools'.")
     return ToolCalling(functions, NAMED, named, parallel=parallel)
+
+
+def _check_size(tools: list) -> None:
+    """Tools are compiled into one grammar, stored with the session: bounded before either."""
+    depth = nesting_depth(tools)
+    if depth > MAX_SCHEMA_DEPTH + 1:  # a named call's response_format holds the parameters one level higher
+        raise bad_param("tools", f"'tools' must nest at most {MAX_SCHEMA_DEPTH + 1} levels deep; got {depth}.")
+    size = len(json.dumps(tools))
+    if size > MAX_TOOLS_CHARS:
+        raise bad_param("tools", f"'tools' must be at most {MAX_TOOLS_CHARS} characters as JSON; got {size}.")
 
 
 def _function(index: int, tool: Any) -> Function:
@@ -258,7 +271,7 @@ def _function(index: int, tool: Any) -> Function:
     parameters = function.get("parameters", NO_PARAMETERS)
     try:
         constraint_from_response_format({"type": "json_schema", "json_schema": {"name": name, "schema": parameters}},
-                                        field=f"{where}.function")
+                                        field=f"{where}.function", remember=False)
     except ConstraintError as error:
         param, message = str(error).split(": ", 1)
         raise bad_param(param.replace(".json_schema.schema", ".parameters"), f"Invalid function parameters: {message}")

@@ -5,6 +5,9 @@ Redis stream, not on a thread or a database poll). A request is a generation lik
 the same tokens (``Authorization: Bearer <DRF token>``), tenant, throttles, validation
 (``GenerationRequestSerializer``), prediction cache and session row as ``POST /api/v1/generations/``:
 both go through ``inference.generations``, and its refusals become OpenAI errors here.
+
+From a request's body to its session (parsing off the event loop, ``Idempotency-Key``):
+``submission``; this module answers: the reply, whole or streamed.
 """
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from functools import wraps
 
 from django.http import HttpRequest, JsonResponse
@@ -22,11 +24,9 @@ from redis.exceptions import RedisError
 
 from core.conf import conf as project_conf
 from core.latency_budget import measure, observe
-from core.parsers import BodyNotJSON, loads_json
 from core.sse import HEARTBEAT, sse_response
-from inference.api.openai.chat_template import render_chat
 from inference.api.openai.completion_text import CompletionText
-from inference.api.openai.errors import OpenAIError, bad_param
+from inference.api.openai.errors import OpenAIError
 from inference.api.openai.responses import (
     ReplyHeader,
     chunk,
@@ -36,25 +36,19 @@ from inference.api.openai.responses import (
     tool_call_reply,
     usage_chunk,
 )
-from inference.api.openai.serializers import (
-    CHAT,
-    COMPLETION,
-    OpenAIRequest,
-    generation_error,
-    parse_request,
+from inference.api.openai.serializers import CHAT, COMPLETION, OpenAIRequest
+from inference.api.openai.submission import (
+    RETRY_AFTER_S,
+    Submission,
+    idempotency_error,
+    parse,
+    refusal_error,
+    submit_once,
 )
 from inference.api.openai.tools import NAMED, CallStream, call_object
-from inference.api.serializers import GenerationRequestSerializer
-from inference.api.tokenizers import tokenizer_for
 from inference.conf import conf
-from inference.generations import (
-    GenerationRefused,
-    ModelBuilding,
-    ModelNotServed,
-    follow,
-    served_target,
-    start_generation,
-)
+from inference import idempotency
+from inference.generations import GenerationRefused, follow, served_target
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from metadata.api.async_views import Caller, Refused, authorize, run_db
 from metadata.api.serializers import public_error
@@ -63,7 +57,6 @@ from metadata.sessions import token_stream
 from metadata.sessions.cancel import cancel_sessions
 
 DONE = "data: [DONE]\n\n"
-RETRY_AFTER_S = 5  # what a client is told to wait when the refusal does not say
 
 
 def openai_endpoint(*methods: str) -> Callable:
@@ -103,21 +96,6 @@ def _model_object(target: ModelVersion) -> dict:
     return {"id": target.name, "object": "model", "created": int(created.timestamp()), "owned_by": "specops"}
 
 
-def refusal_error(refusal: GenerationRefused) -> OpenAIError:
-    """The OpenAI protocol's answer to a refused generation.
-
-    An unknown model is a 404; anything else has the refusal's own status (429 past a tenant's
-    quota; a model still being built, the task queue down: 503) and a Retry-After, the refusal's
-    own when it knows one.
-    """
-    if isinstance(refusal, ModelNotServed):
-        return OpenAIError(404, f"The model '{refusal.name}' does not exist or is not active (GET /v1/models lists "
-                           "them).", param="model", code="model_not_found")
-    return OpenAIError(refusal.http_status, refusal.message,
-                       param="model" if isinstance(refusal, ModelBuilding) else None, code=refusal.code,
-                       headers={"Retry-After": str(refusal.retry_after_s or RETRY_AFTER_S)})
-
-
 @openai_endpoint("GET")
 async def list_models(request: HttpRequest) -> JsonResponse:
     """The active target models, by name."""
@@ -146,57 +124,23 @@ async def chat_completions(request: HttpRequest):
     return await _generate(request, CHAT)
 
 
-@dataclass(frozen=True)
-class Submission:
-    session_id: str
-    prompt_tokens: int
-    directory: str
-    cached: dict | None  # a prediction-cache hit: {"text", "token_count", "finish_reason"}
-    staff: bool = False  # whether a failure's stored detail may be shown
-
-    def decoder(self) -> Callable[[list[int]], str]:
-        tokenizer = tokenizer_for(self.directory)
-        return lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    def encoder(self) -> Callable[[str], list[int]]:
-        tokenizer = tokenizer_for(self.directory)
-        return lambda text: tokenizer(text)["input_ids"]
-
-
-def _submit(request: OpenAIRequest, caller: Caller) -> Submission:
-    """Validate against the model, then answer from the prediction cache or enqueue (sync)."""
-    try:
-        with measure("validation"):
-            directory = str(served_target(request.model).directory)
-            prompt = request.prompt if request.kind == COMPLETION else render_chat(
-                tokenizer_for(directory), request.messages, request.calling.tools() if request.calling else None)
-            serializer = GenerationRequestSerializer(data=request.generation_data(prompt))
-            if not serializer.is_valid():
-                raise generation_error(serializer.errors, request)
-        generation = start_generation(serializer, caller.tenant, caller.user)
-    except GenerationRefused as exc:
-        raise refusal_error(exc) from None
-    session, cached = generation.session, None
-    if generation.cached:
-        cached = {"text": session.text, "token_count": session.token_count, "finish_reason": session.finish_reason}
-    return Submission(str(session.pk), serializer.validated_data["prompt_tokens"], directory, cached,
-                      staff=bool(caller.user.is_staff))
-
-
 async def _generate(request: HttpRequest, kind: str):
     caller = await _caller(request, generation=True)
     try:
-        body = loads_json(request.body)
-    except BodyNotJSON as exc:
-        raise bad_param(exc.param, str(exc), code="invalid_value" if exc.param else "invalid_body") from None
-    openai_request = parse_request(body, kind)
-    submission = await run_db(_submit, openai_request, caller)
+        key = idempotency.key_of(request.META)
+    except idempotency.IdempotencyRefused as exc:
+        raise idempotency_error(exc) from None
+    openai_request = await parse(request.body, kind)
+    submission = await run_db(submit_once, openai_request, caller, key, request.path, request.body)
     header = ReplyHeader(kind, submission.session_id, openai_request.model, int(time.time()))
     headers = {"X-SpecOps-Session": submission.session_id}
+    if submission.replayed:
+        headers[idempotency.REPLAYED_HEADER] = "true"
     if openai_request.stream:
         return sse_response(_stream(header, openai_request, submission), headers)
     response = JsonResponse(await _wait(header, openai_request, submission))
-    response["X-SpecOps-Session"] = submission.session_id
+    for name, value in headers.items():
+        response[name] = value
     return response
 
 
@@ -265,8 +209,8 @@ async def _wait(header: ReplyHeader, request: OpenAIRequest, submission: Submiss
     timeout = conf.OPENAI_TIMEOUT_S
     if progress.done is None:
         try:
-            async with asyncio.timeout(timeout), aclosing(follow(
-                    submission.session_id, idle_limit_s=timeout + 1, history_first=False)) as items:  # just submitted
+            async with asyncio.timeout(timeout), aclosing(follow(  # just submitted: no step to read first
+                    submission.session_id, idle_limit_s=timeout + 1, history_first=submission.replayed)) as items:
                 async for item in items:
                     if isinstance(item, token_stream.StreamEntry):
                         progress.on(item)
@@ -362,7 +306,7 @@ async def _stream(header: ReplyHeader, request: OpenAIRequest, submission: Submi
     if progress.done is None:
         try:
             items = follow(submission.session_id, idle_limit_s=project_conf.STREAM_IDLE_LIMIT_S,
-                           history_first=False)  # just submitted: no committed step to read first
+                           history_first=submission.replayed)  # just submitted: no committed step to read first
             async with aclosing(items):
                 async for item in items:
                     if item == token_stream.HEARTBEAT:

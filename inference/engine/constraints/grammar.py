@@ -7,12 +7,21 @@ pristine matcher, which shares the compiled grammar and costs microseconds.
 
 JSON is generated without free whitespace (`whitespace_flexible` off): the output is compact
 JSON, a model cannot loop on blanks, and more tokens are forced (`GrammarMatcher.forced_tokens`).
+
+`check_constraint` (the API's question: does it compile?) remembers the constraints that compiled
+by a SHA-256 digest, in a cache bounded in bytes (`CheckedConstraints`): an entry costs its digest,
+not the schema's text (up to the request's size each). A caller that may still refuse the request
+checks with `remember=False` and calls `remember_constraint` once the request is accepted, so a
+refused request leaves nothing behind. Compiling is bounded by llguidance's own limits
+(`COMPILE_LIMITS`: the lexer's fuel and the grammar's size, the engine's measure of time).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import threading
+from collections import OrderedDict
 
 import llguidance
 import llguidance.hf
@@ -41,15 +50,73 @@ def grammar_text(constraint: OutputConstraint) -> str:
         raise ConstraintError(f"constraint.schema: {error}") from None
 
 
-@functools.lru_cache(maxsize=MAX_CACHED_GRAMMARS)
-def check_constraint(constraint: OutputConstraint) -> None:
+# What one compile may cost (llguidance's defaults, named here so they are a decision): the
+# lexer's fuel (~50k units a millisecond: ~20 ms) and the grammar's symbols.
+COMPILE_LIMITS = {"initial_lexer_fuel": 1_000_000, "max_grammar_size": 500_000}
+CHECKED_CACHE_BYTES = 1 << 20  # digests of compiled constraints kept per process
+_ENTRY_BYTES = 32 + 96  # a SHA-256 digest and its share of the ordered dict (an estimate)
+
+
+def constraint_digest(constraint: OutputConstraint) -> bytes:
+    """The SHA-256 of the constraint's kind and text: its cache key."""
+    return hashlib.sha256(f"{constraint.kind}\0{constraint.schema or ''}".encode("utf-8", "surrogatepass")).digest()
+
+
+class CheckedConstraints:
+    """The digests of constraints that compiled, least recently used first out, ``max_bytes`` in all."""
+
+    def __init__(self, max_bytes: int = CHECKED_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._digests: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, digest: bytes) -> bool:
+        with self._lock:
+            if digest not in self._digests:
+                return False
+            self._digests.move_to_end(digest)
+            return True
+
+    def add(self, digest: bytes) -> None:
+        with self._lock:
+            self._digests[digest] = None
+            self._digests.move_to_end(digest)
+            while len(self._digests) * _ENTRY_BYTES > self.max_bytes:
+                self._digests.popitem(last=False)
+
+    @property
+    def bytes(self) -> int:
+        return len(self._digests) * _ENTRY_BYTES
+
+    def clear(self) -> None:
+        with self._lock:
+            self._digests.clear()
+
+
+checked_constraints = CheckedConstraints()
+
+
+def check_constraint(constraint: OutputConstraint, *, remember: bool = True) -> None:
     """Raise ConstraintError when the grammar engine cannot compile the constraint.
 
-    Needs no tokenizer, so the API refuses a bad schema (a 400) before anything is enqueued.
+    Needs no tokenizer, so the API refuses a bad schema (a 400) before anything is enqueued. A
+    constraint that compiled before is not compiled again; one that compiles now is remembered
+    unless ``remember`` is False (the module's docstring says when).
     """
-    error = llguidance.LLMatcher.validate_grammar(grammar_text(constraint))
+    digest = constraint_digest(constraint)
+    if digest in checked_constraints:
+        return
+    error = llguidance.LLMatcher.validate_grammar(grammar_text(constraint),
+                                                  limits=llguidance.LLParserLimits(**COMPILE_LIMITS))
     if error:
         raise ConstraintError(f"constraint.schema: {error}")
+    if remember:
+        checked_constraints.add(digest)
+
+
+def remember_constraint(constraint: OutputConstraint) -> None:
+    """Remember a constraint ``check_constraint(..., remember=False)`` passed (its request was accepted)."""
+    checked_constraints.add(constraint_digest(constraint))
 
 
 @functools.lru_cache(maxsize=8)

@@ -28,11 +28,13 @@ def _refuse(path: str, rule: str) -> ConstraintError:
     return ConstraintError(f"{path}: {rule}")
 
 
-def constraint_from_response_format(value: Any, field: str = "response_format") -> OutputConstraint | None:
+def constraint_from_response_format(value: Any, field: str = "response_format", *, compile: bool = True,
+                                    remember: bool = True) -> OutputConstraint | None:
     """The constraint `value` asks for (None: free text); raise ConstraintError naming the field.
 
     The schema is compiled (without a tokenizer) before this returns, so a schema the grammar
-    engine cannot handle is refused here, before anything is enqueued.
+    engine cannot handle is refused here, before anything is enqueued; `compile=False` checks
+    its shape only, `remember=False` compiles without remembering (`grammar.check_constraint`).
     """
     if value is None:
         return None
@@ -50,8 +52,15 @@ def constraint_from_response_format(value: Any, field: str = "response_format") 
     if kind == JSON_OBJECT:
         return OutputConstraint(JSON_OBJECT)
     if kind == GRAMMAR:
-        return _grammar(value.get(GRAMMAR), f"{field}.{GRAMMAR}")
-    return _json_schema(value.get(JSON_SCHEMA), f"{field}.{JSON_SCHEMA}")
+        constraint, path = _grammar(value.get(GRAMMAR), f"{field}.{GRAMMAR}"), f"{field}.{GRAMMAR}.definition"
+    else:
+        constraint, path = _json_schema(value.get(JSON_SCHEMA), f"{field}.{JSON_SCHEMA}"), f"{field}.{JSON_SCHEMA}.schema"
+    if compile:
+        try:
+            check_constraint(constraint, remember=remember)
+        except ConstraintError as error:
+            raise _refuse(path, str(error).removeprefix("constraint.schema: ")) from None
+    return constraint
 
 
 def _json_schema(spec: Any, path: str) -> OutputConstraint:
@@ -68,12 +77,7 @@ def _json_schema(spec: Any, path: str) -> OutputConstraint:
     schema = spec.get("schema", {})
     if not isinstance(schema, dict):
         raise _refuse(f"{path}.schema", "must be a JSON schema object")
-    constraint = OutputConstraint.json_schema(schema)
-    try:
-        check_constraint(constraint)
-    except ConstraintError as error:
-        raise _refuse(f"{path}.schema", str(error).removeprefix("constraint.schema: ")) from None
-    return constraint
+    return OutputConstraint.json_schema(schema)
 
 
 def _grammar(spec: Any, path: str) -> OutputConstraint:
@@ -87,9 +91,4 @@ def _grammar(spec: Any, path: str) -> OutputConstraint:
     definition = spec.get("definition")
     if not isinstance(definition, str) or not definition.strip():
         raise _refuse(f"{path}.definition", "must be a non-empty string (an llguidance Lark grammar)")
-    constraint = OutputConstraint.lark(definition)
-    try:
-        check_constraint(constraint)
-    except ConstraintError as error:
-        raise _refuse(f"{path}.definition", str(error).removeprefix("constraint.schema: ")) from None
-    return constraint
+    return OutputConstraint.lark(definition)
