@@ -55,7 +55,8 @@ class SessionSerializer(serializers.ModelSerializer):
         return data
 
 
-# A page of sessions carries each prompt and text cut to this many characters (a page of 500 full
+# A page of sessions carries each prompt and text, and each text value of its params (a
+# response_format is JSON text of up to 64 KiB), cut to this many characters (a page of 500 full
 # sessions was tens of MB); the detail view (``GET /api/v1/sessions/{id}/``) has them whole.
 LIST_TEXT_CAP = 256
 
@@ -65,15 +66,43 @@ def capped(text: str) -> tuple[str, bool]:
     return (text[:LIST_TEXT_CAP], True) if len(text) > LIST_TEXT_CAP else (text, False)
 
 
+def params_summary(params: dict[str, Any] | None) -> tuple[dict[str, Any], bool]:
+    """``params`` with each text value (and each text in a list) capped, and whether one was cut.
+
+    Params are flat (the generation serializer writes them: numbers, short texts, a list of stop
+    strings, a response_format as JSON text), so nothing deeper is walked.
+    """
+    summary, cut = {}, False
+    for name, value in (params or {}).items():
+        if isinstance(value, str):
+            value, was_cut = capped(value)
+        elif isinstance(value, list):
+            pieces = [capped(item) if isinstance(item, str) else (item, False) for item in value[:LIST_TEXT_CAP]]
+            was_cut = len(value) > LIST_TEXT_CAP or any(flag for _, flag in pieces)
+            value = [item for item, _ in pieces]
+        elif isinstance(value, dict):  # not written by the API; shown as a marker, not whole
+            value, was_cut = "(an object; see the session)", True
+        else:
+            was_cut = False
+        summary[name], cut = value, cut or was_cut
+    return summary, cut
+
+
 class SessionListSerializer(SessionSerializer):
-    """A session as a list page shows it: ``prompt`` and ``text`` capped, a flag saying each was cut."""
+    """A session as a list page shows it: ``prompt``, ``text`` and ``params`` capped, a flag saying
+    each was cut."""
 
     prompt_truncated = serializers.SerializerMethodField(help_text=f"prompt was cut to {LIST_TEXT_CAP} characters.")
     text_truncated = serializers.SerializerMethodField(help_text=f"text was cut to {LIST_TEXT_CAP} characters.")
+    params_truncated = serializers.SerializerMethodField(
+        help_text=f"a text value of params (response_format) was cut to {LIST_TEXT_CAP} characters.")
 
     class Meta(SessionSerializer.Meta):
-        fields = (*SessionSerializer.Meta.fields, "prompt_truncated", "text_truncated")
+        fields = (*SessionSerializer.Meta.fields, "prompt_truncated", "text_truncated", "params_truncated")
         read_only_fields = fields
+
+    def get_params_truncated(self, instance: Session) -> bool:
+        return params_summary(instance.params)[1]
 
     def get_prompt_truncated(self, instance: Session) -> bool:
         return capped(instance.prompt)[1]
@@ -84,6 +113,7 @@ class SessionListSerializer(SessionSerializer):
     def to_representation(self, instance: Session) -> dict[str, Any]:
         data = super().to_representation(instance)
         data["prompt"], data["text"] = capped(instance.prompt)[0], capped(instance.text)[0]
+        data["params"] = params_summary(instance.params)[0]
         return data
 
 

@@ -1,13 +1,16 @@
-"""Log every API request (method, path, status, latency) into the partitioned request log.
+"""Log every authenticated API request (method, path, status, latency) into the partitioned request log.
 
 The raw log is the record. Each logged request is also announced (``request_logged``), so the
 operators' views can count it on write without this app knowing them (``ops.request_rollups``
 adds it to the per-minute ``api`` rollup). A failure to log never fails the request.
 
-Refusals write no row: a request refused for its credentials (401) or by a rate limit (429)
-never reached its view, and a row for each would let anyone with a made-up token fill the table
-at the speed of the web tier, with no throttle in the way (authentication fails before DRF's
-throttles run). They are still announced, so the rollups count them (one row per minute).
+Only a request whose caller was authenticated writes a row. Anything else — no token, a made-up
+one (401), a path that names nothing (404) — is counted in ``specops_api_unauthenticated_requests``
+(a Prometheus counter, by status) instead: a row for each let anyone fill the table and its
+pending list at the speed of the web tier, with no throttle in the way (authentication and the
+throttles are a view's, and a path with no view has neither). A request refused by a rate limit
+(429) writes no row either. All are still announced, so the rollups count them (one row per
+minute).
 
 Rows are written in batches off the request path (``RequestLogWriter``: one multi-row INSERT at
 most every ``FLUSH_S`` or ``BATCH_ROWS`` rows, from a thread of its own), not one INSERT and
@@ -26,6 +29,7 @@ import time
 from django.db import DatabaseError, connection, connections
 from django.dispatch import Signal
 from django.utils import timezone
+from prometheus_client import Counter
 
 from metadata.models import RequestLog
 
@@ -34,6 +38,10 @@ LOGGED_PREFIX = "/api/v1/"
 UNLOGGED_STATUSES = frozenset({401, 429})  # refused before the view: no row (see above)
 FLUSH_S = 0.5
 BATCH_ROWS = 500
+
+UNAUTHENTICATED = Counter("specops_api_unauthenticated_requests",
+                          "API requests (/api/v1/) without an authenticated caller, by status: counted, not logged.",
+                          ["status"])
 
 # Sent after each logged API request (whether or not its row was written), with ``requested_at``
 # (aware datetime), ``status_code`` and ``duration_ms``.
@@ -109,8 +117,11 @@ class RequestLogMiddleware:
         if response.streaming:  # a stream's duration is its lifetime, not a latency
             return response
         duration_ms = (time.perf_counter() - started) * 1000
-        if response.status_code not in UNLOGGED_STATUSES:
-            membership = getattr(getattr(request, "user", None), "membership", None)
+        user = getattr(request, "user", None)
+        if not getattr(user, "is_authenticated", False):
+            UNAUTHENTICATED.labels(status=str(response.status_code)).inc()
+        elif response.status_code not in UNLOGGED_STATUSES:
+            membership = getattr(user, "membership", None)
             row = RequestLog(
                 requested_at=started_at, method=request.method, path=request.path[:300],
                 status_code=response.status_code, duration_ms=duration_ms,

@@ -1,4 +1,4 @@
-"""Bounded list pages: the API's session list caps prompt and text; the admin's session list runs no
+"""Bounded list pages: the API's session list caps prompt, text and params; the admin's session list runs no
 COUNT(*) over the table and no SELECT DISTINCT for its filters, and its id search prunes to one partition."""
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db
 
 
 def make(tenant, model, prompt: str = "x", text: str = "", **fields) -> Session:
+    fields.setdefault("params", {})
     return Session.objects.create(tenant=tenant, target=model, drafter="ngram", queue="cpu", prompt=prompt,
-                                  prompt_tokens=1, params={}, status="succeeded", text=text, **fields)
+                                  prompt_tokens=1, status="succeeded", text=text, **fields)
 
 
 def test_a_list_page_caps_prompt_and_text_and_the_detail_view_has_them_whole(api_client, tenant, tiny_model):
@@ -45,6 +46,24 @@ def test_a_page_of_the_longest_sessions_stays_small(api_client, tenant, tiny_mod
     response = api_client.get("/api/v1/sessions/?page_size=20")
     assert len(response.json()["results"]) == 20
     assert len(response.content) < 20 * 4 * LIST_TEXT_CAP  # not 4 MB
+
+
+def test_a_list_page_caps_each_text_of_params_and_the_detail_view_has_them_whole(api_client, tenant, tiny_model):
+    response_format = '{"type": "json_schema", "json_schema": {"name": "x", "schema": {"description": "%s"}}}' % (
+        "d" * 60_000)
+    big = make(tenant, tiny_model, params={"max_new_tokens": 8, "stop": ["s" * 300], "response_format": response_format})
+    small = make(tenant, tiny_model, params={"max_new_tokens": 8, "stop": ["\n"]})
+
+    response = api_client.get("/api/v1/sessions/")
+    rows = {row["id"]: row for row in response.json()["results"]}
+
+    assert rows[str(big.pk)]["params"] == {"max_new_tokens": 8, "stop": ["s" * LIST_TEXT_CAP],
+                                           "response_format": response_format[:LIST_TEXT_CAP]}
+    assert rows[str(big.pk)]["params_truncated"] is True
+    assert rows[str(small.pk)]["params"] == {"max_new_tokens": 8, "stop": ["\n"]}
+    assert rows[str(small.pk)]["params_truncated"] is False
+    assert len(response.content) < 8 * LIST_TEXT_CAP * 4
+    assert api_client.get(f"/api/v1/sessions/{big.pk}/").json()["params"]["response_format"] == response_format
 
 
 def count_queries(queries) -> list[str]:

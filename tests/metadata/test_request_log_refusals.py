@@ -1,5 +1,7 @@
-"""The request log (``metadata.sessions.request_log``): no row for a refused request (401, 429), so
-made-up tokens cannot fill the table; rows written in batches off the request path."""
+"""The request log (``metadata.sessions.request_log``): no row for a refused request (401, 429) or
+any request without an authenticated caller (counted in a Prometheus counter instead), so
+anonymous clients and made-up tokens cannot fill the table; rows written in batches off the
+request path."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from metadata.models import RequestLog
-from metadata.sessions.request_log import RequestLogWriter
+from metadata.sessions.request_log import UNAUTHENTICATED, RequestLogWriter
 
 
 @pytest.fixture(autouse=True)
@@ -46,3 +48,21 @@ def test_rows_outside_a_transaction_are_written_together_by_the_writer():
     writer.flush()
     assert sorted(RequestLog.objects.values_list("status_code", flat=True)) == [200, 404, 500]
     assert writer.flush() == 0  # nothing left
+
+
+def unauthenticated_count(status: str) -> float:
+    return UNAUTHENTICATED.labels(status=status)._value.get()
+
+
+@pytest.mark.django_db
+def test_unauthenticated_requests_are_counted_not_logged(api_client):
+    before = unauthenticated_count("404"), unauthenticated_count("401")
+    anonymous = APIClient()
+    codes = {anonymous.get(f"/api/v1/no-such-thing-{n}/").status_code for n in range(200)}
+    assert codes == {404}
+    assert anonymous.post("/api/v1/generations/", {}, format="json").status_code == 401
+    assert RequestLog.objects.count() == 0
+    assert unauthenticated_count("404") == before[0] + 200 and unauthenticated_count("401") == before[1] + 1
+    # an authenticated caller's request is logged, a 404 from a view included
+    assert api_client.get("/api/v1/sessions/01234567-89ab-7def-8123-456789abcdef/").status_code == 404
+    assert list(RequestLog.objects.values_list("status_code", flat=True)) == [404]
