@@ -16,8 +16,10 @@ migrate: install services
 run: install services
 	@scripts/run.sh
 
+# The suite in TEST_WORKERS processes (pytest-xdist), whole test files to each; the 30 slowest tests printed.
+TEST_WORKERS ?= 4
 test: install services
-	@scripts/test.sh --durations=30
+	@scripts/test.sh -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 demo-models: migrate
 	@$(PY) manage.py build_demo_models

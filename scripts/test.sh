@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Run the whole suite (slow tests included) against the real services. Called by `make test`.
+# Run the suite (slow tests included) against the real services. Called by `make test`, which adds
+# `-n N` (pytest-xdist: N worker processes, each with a test database, a Redis database and an
+# archive folder of its own: tests/worker_isolation.py). Without -n the suite runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-# Tests use their own Redis database and archive folder, apart from a running `make run`.
-export REDIS_URL=${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}
+# Tests use their own Redis databases (8-15; a worker gwN uses the first + N) and archive folder,
+# apart from a running `make run` (0), the benches (1) and other isolated runs.
+export REDIS_URL=${TEST_REDIS_URL:-redis://127.0.0.1:6379/8}
 export SPECOPS_ARCHIVE_DIR=${TEST_ARCHIVE_DIR:-$PWD/var/test-archive}
 export SPECOPS_MODEL_DIR=${TEST_MODEL_DIR:-$PWD/var/test-models}
 # DEBUG stays off (the default, as in production); a key of the tests' own lets Django start,
@@ -15,4 +18,13 @@ export SECRET_KEY=${TEST_SECRET_KEY:-test-only-secret-key-not-for-production-012
 export SPECOPS_THROTTLE_USER_RATE=${TEST_THROTTLE_RATE:-100000/min}
 export SPECOPS_THROTTLE_TENANT_RATE=${TEST_THROTTLE_RATE:-100000/min}
 export SPECOPS_THROTTLE_GENERATION_RATE=${TEST_THROTTLE_RATE:-100000/min}
-exec .venv/bin/pytest "$@"
+# pytest's temporary folders under a root of this run's database name: runs of other checkouts
+# or databases on this machine share /tmp/pytest-of-$USER otherwise, and one run's clean-up of
+# "old" numbered folders took another run's folder away mid-run (its workers' logs with it).
+url_db=${DATABASE_URL:-specops}; url_db=${url_db%%\?*}; url_db=${url_db##*/}
+export PYTEST_DEBUG_TEMPROOT=${TEST_TMP_ROOT:-${TMPDIR:-/tmp}/specops-pytest-$url_db}
+mkdir -p "$PYTEST_DEBUG_TEMPROOT"
+# The plugin must be importable before pytest-django reads the settings (it sets each xdist
+# worker's environment), so the checkout goes on the path.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+exec .venv/bin/pytest -p tests.worker_isolation "$@"

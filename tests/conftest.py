@@ -1,7 +1,10 @@
 """Fixtures shared by the Django tests. They talk to the real PostgreSQL, replica and Redis."""
 from __future__ import annotations
 
+import fcntl
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -91,12 +94,40 @@ def api_client(api_user) -> APIClient:
 
 @pytest.fixture(scope="session")
 def tiny_model_dirs():
-    """A tiny random GPT-2 target/draft pair with a real tokenizer, built once (seconds)."""
+    """A tiny random GPT-2 target/draft pair with a real tokenizer, built once (seconds).
+
+    The xdist workers of a run share SPECOPS_MODEL_DIR: the first builds under an exclusive lock,
+    the others then find the pair complete (a second build would replace a directory that a
+    worker process of another test may be loading)."""
     from django.conf import settings
 
     from inference.demo.tiny_models import build_tiny_pair
 
-    return build_tiny_pair(settings.SPECOPS_MODEL_DIR, arch="gpt2", seed=0)
+    model_dir = Path(settings.SPECOPS_MODEL_DIR)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    with open(model_dir / ".tiny-models.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_tiny_pair(model_dir, arch="gpt2", seed=0)
+
+
+@pytest.fixture(scope="session")
+def amqp_url(django_db_setup):
+    """A RabbitMQ vhost of this test process's own (named after its test database), so a worker
+    started here never takes another run's or another xdist worker's tasks from the same queue
+    name; removed at the end."""
+    from django.db import connection
+
+    vhost = f"specops-{connection.settings_dict['NAME']}"
+    rabbitmqctl("add_vhost", vhost, allowed_error="already exists")
+    rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}"
+    rabbitmqctl("delete_vhost", vhost)
+
+
+def rabbitmqctl(*args: str, allowed_error: str = "") -> None:
+    out = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 or (allowed_error and allowed_error in out.stderr + out.stdout), \
+        f"rabbitmqctl {' '.join(args)}: {out.stderr.strip() or out.stdout.strip()}"
 
 
 @pytest.fixture

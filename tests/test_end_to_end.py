@@ -108,20 +108,17 @@ def test_a_redelivered_task_writes_nothing_twice(api_client, tiny_model, cpu_wor
     assert TokenRecord.objects.filter(session_id=created["id"]).count() == before
 
 
-AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"
-
-
-def test_rabbitmq_works_as_the_broker(api_client, tenant, tiny_model, tmp_path):
+def test_rabbitmq_works_as_the_broker(api_client, tenant, tiny_model, tmp_path, amqp_url):
     """Setting CELERY_BROKER_URL to RabbitMQ is all it takes: a worker on amqp runs the task."""
     from inference.tasks import generate
 
-    worker = start_worker("cpu", "e2e-amqp", tmp_path / "worker.log", broker_url=AMQP_URL)
+    worker = start_worker("cpu", "e2e-amqp", tmp_path / "worker.log", broker_url=amqp_url)
     try:
         # Written directly (not through the API, which publishes to the Redis broker) so that only
         # the RabbitMQ worker can run it.
         session = Session.objects.create(tenant=tenant, target=tiny_model, drafter="ngram", queue="cpu",
                                          prompt="class A:\n", prompt_tokens=3, params={"max_new_tokens": 8})
-        with app.connection_for_write(AMQP_URL) as connection:
+        with app.connection_for_write(amqp_url) as connection:
             generate.apply_async(args=[str(session.pk)], queue="cpu", connection=connection)
         body = wait_for(lambda: finished(api_client, session.pk), timeout=120, what="the amqp worker")
         assert body["status"] == "succeeded" and body["token_count"] >= 1

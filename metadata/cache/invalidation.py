@@ -34,6 +34,13 @@ logger = logging.getLogger(__name__)
 CHANNEL = "specops:cache:invalidate"
 
 
+def channel_of(client) -> str:
+    """The channel of the Redis database ``client`` uses: pub/sub channels are server-wide (they
+    ignore the database number), so deployments or test runs that share a server on different
+    databases would evict each other's keys (as kombu prefixes its fanout channels with the db)."""
+    return f"{CHANNEL}:{client.connection_pool.connection_kwargs.get('db', 0)}"
+
+
 class InvalidationTarget(Protocol):
     """What an invalidation needs of a cache (``metadata.cache.two_tier.TwoTierCache``)."""
 
@@ -155,7 +162,7 @@ class InvalidationBus:
 
     def publish(self, cache_name: str, keys: list[str], position: int) -> None:
         message = json.dumps({"cache": cache_name, "keys": keys, "lsn": position, "origin": self.origin})
-        self.guard.run(lambda client: client.publish(CHANNEL, message))
+        self.guard.run(lambda client: client.publish(channel_of(client), message))
 
     def ensure_listening(self) -> None:
         """Start this process's listener (again after a fork); cheap when it runs."""
@@ -181,7 +188,7 @@ class InvalidationBus:
             pubsub = None
             try:
                 pubsub = self.guard.client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(CHANNEL)
+                pubsub.subscribe(channel_of(self.guard.client))
                 pubsub.get_message(timeout=1.0)  # the subscribe confirmation
                 # Anything published while we were away is lost: start from empty local tiers.
                 for caches in list(self._caches.values()):

@@ -43,11 +43,11 @@ def test_a_quiet_tenants_request_is_taken_before_a_noisy_tenants_backlog(api_cli
     assert taken == [noisy[0], quiet, *noisy[1:]]
 
 
-def test_rabbitmq_honours_the_same_priorities_on_a_queue_with_x_max_priority(settings):
+def test_rabbitmq_honours_the_same_priorities_on_a_queue_with_x_max_priority(settings, amqp_url):
     """RabbitMQ needs the queue's x-max-priority (SPECOPS_AMQP_QUEUE_MAX_PRIORITY); a queue of this
     test's own, since a queue declared without it cannot be redeclared with it."""
     queue = Queue("specops-test-fair-admission", max_priority=PRIORITY_LEVELS - 1, auto_delete=False)
-    with Connection(AMQP_URL, connect_timeout=5) as connection:
+    with Connection(amqp_url, connect_timeout=5) as connection:
         connection.ensure_connection(max_retries=1)  # make test starts RabbitMQ: unreachable is a failure
         bound = queue(connection.default_channel)
         bound.declare()
@@ -55,7 +55,7 @@ def test_rabbitmq_honours_the_same_priorities_on_a_queue_with_x_max_priority(set
         try:
             for name, live in (("noisy-0", 0), ("noisy-1", 1), ("noisy-2", 2), ("noisy-3", 3), ("quiet", 0)):
                 generate.apply_async(args=[name], queue=queue, connection=connection,
-                                     priority=broker_priority(live, AMQP_URL))
+                                     priority=broker_priority(live, amqp_url))
             assert take_all(connection, queue.name) == ["noisy-0", "quiet", "noisy-1", "noisy-2", "noisy-3"]
         finally:
             bound.delete()
