@@ -48,6 +48,10 @@ RETRY_S = 0.5  # the pause after a failed read (its followers are told; Redis ma
 WAKE_TTL_S = 60
 
 
+class FollowerError(RedisError):
+    """What ends one follower (and no other): Redis refused its read, or its entries could not be taken."""
+
+
 @dataclass(frozen=True, slots=True)
 class StreamEntry:
     """One event of a session's stream; ``id`` is its Redis entry id ("" for a synthesized ``done``)."""
@@ -73,14 +77,14 @@ def parse_entry_id(entry_id: str) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
-class FollowerError(RedisError):
-    """What ends one follower (and no other): Redis refused its read, or its entries could not be taken."""
-
-
 def decode_entries(entries) -> list[StreamEntry]:
-    """One key's entries of an ``XREAD`` reply as ``StreamEntry``."""
-    return [StreamEntry(entry_id.decode(), fields[b"event"].decode(), json.loads(fields[b"data"]))
-            for entry_id, fields in entries]
+    """One key's entries of an ``XREAD`` reply as ``StreamEntry``; ``FollowerError`` for an entry
+    not as a worker writes them (its followers end, with an error they can report)."""
+    try:
+        return [StreamEntry(entry_id.decode(), fields[b"event"].decode(), json.loads(fields[b"data"]))
+                for entry_id, fields in entries]
+    except (KeyError, ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise FollowerError(f"a stream entry cannot be read: {exc!r}") from None
 
 
 class Subscription:
@@ -247,8 +251,8 @@ class StreamHub:
                 continue
             try:
                 decoded = decode_entries(entries)
-            except (KeyError, ValueError, UnicodeDecodeError) as exc:  # an entry not as a worker writes them
-                self._fail_key(key, FollowerError(f"an entry of {key} cannot be read: {exc!r}"))
+            except FollowerError as exc:
+                self._fail_key(key, exc)
                 continue
             for follower in list(self._followers.get(key, ())):
                 follower.offer(decoded)

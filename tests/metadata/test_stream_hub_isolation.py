@@ -74,10 +74,13 @@ def test_one_followers_refused_id_wrong_key_or_unreadable_entry_ends_that_follow
         publish(healthy, 1)
         publish(healthy, 2, "done")
         async with asyncio.timeout(15):
-            return refused, own_read, await survivor, await broken
+            survived, ended = await survivor, await broken
+            # a follower that meets the unreadable entry in its own first read ends with the same error
+            return refused, own_read, survived, ended, await follow(corrupt)
 
-    refused, own_read, survivor, broken = asyncio.run(scenario())
+    refused, own_read, survivor, broken, late = asyncio.run(scenario())
     assert all(len(items) == 1 and isinstance(items[0], ValueError) for items in refused), refused[0]
     assert len(own_read) == 1 and isinstance(own_read[0], redis.ResponseError)
     assert survivor == ["tokens", "tokens", "done"]
     assert broken[0] == "tokens" and isinstance(broken[-1], stream_hub.FollowerError)
+    assert len(late) == 1 and isinstance(late[0], stream_hub.FollowerError)
