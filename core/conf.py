@@ -17,6 +17,8 @@ SETTINGS = (
     Setting("SPECOPS_THROTTLE_TENANT_RATE", str, "6000/min", "requests per tenant, all its tokens together"),
     Setting("SPECOPS_THROTTLE_GENERATION_RATE", str, "120/min",
             "generation requests (sessions created) per token, on top of the user rate"),
+    Setting("SPECOPS_THROTTLE_LOGIN_RATE", str, "10/min",
+            "admin sign-in attempts per client address, and per username"),
     # Server-sent event streams (/api/v1/sessions/{id}/stream/ and OpenAI stream: true).
     Setting("SPECOPS_STREAM_HEARTBEAT_S", float, 15.0, "an SSE comment after this long without an event"),
     Setting("SPECOPS_STREAM_IDLE_LIMIT_S", float, 300.0,

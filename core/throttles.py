@@ -1,4 +1,4 @@
-"""Rate limits per token (user), per tenant, and on generations, counted in Redis.
+"""Rate limits per token (user), per tenant, on generations, and on admin sign-ins, counted in Redis.
 
 DRF throttles, so the REST API applies them through ``DEFAULT_THROTTLE_CLASSES`` and the
 plain async views (the OpenAI protocol, the SSE streams) through ``throttle_wait``. Each rate is
@@ -15,6 +15,7 @@ rate limit must not become an outage.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Iterable
@@ -121,6 +122,30 @@ class GenerationRateThrottle(UserRateThrottle):
 
 
 DEFAULT_THROTTLES: tuple[type[WindowRateThrottle], ...] = (UserRateThrottle, TenantRateThrottle)
+
+
+class LoginAddressThrottle(WindowRateThrottle):
+    """Admin sign-in attempts per client address (a password guesser's one machine)."""
+
+    scope = "login-address"
+    setting_name = "SPECOPS_THROTTLE_LOGIN_RATE"
+
+    def ident(self, request) -> str | None:
+        return self.get_ident(request)
+
+
+class LoginUsernameThrottle(WindowRateThrottle):
+    """Admin sign-in attempts per username, from any address (a guesser's many machines)."""
+
+    scope = "login-username"
+    setting_name = "SPECOPS_THROTTLE_LOGIN_RATE"
+
+    def ident(self, request) -> str | None:
+        username = request.POST.get("username", "").strip().lower()
+        return hashlib.sha256(username.encode("utf-8", "surrogatepass")).hexdigest()[:32] if username else None
+
+
+LOGIN_THROTTLES: tuple[type[WindowRateThrottle], ...] = (LoginAddressThrottle, LoginUsernameThrottle)
 
 
 def count_requests(throttles: Iterable[WindowRateThrottle], request, view) -> dict[str, int | None]:

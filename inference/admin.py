@@ -12,6 +12,12 @@ target's tokenizer.
 Variants (int8, bf16, compiled; ``inference.variant_registry``) are built by the registry's actions
 and shown side by side with their base on the version's page, each with its figures; a variant is
 promoted like any version.
+
+An active version's serving fields (``SERVING_FIELDS``: what it is, where its files are, where and
+how it runs) are read-only: changed in place they would skip promotion's checks (a device some
+worker serves) and the prediction cache's invalidation. To change one, register a new version and
+promote it. What the losslessness canary found is tenant data (served text): a staff member sees
+their own tenant's (``metadata.admin_tenancy``).
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ from inference.variant_registry import VariantBuildError, build_variant
 from inference.generations import GenerationRefused, submit_generation
 from metadata import admin as metadata_admin
 from metadata.admin_filters import choices_filter
+from metadata.admin_tenancy import restrict
 from metadata.models import Session
 from metadata.sessions import detail_page as session_view
 from core.charts import PALETTE, Series, line_chart
@@ -167,6 +174,11 @@ def _acceptance(row) -> float | None:
     return 100.0 * values["accepted"] / values["drafted"] if values.get("drafted") else None
 
 
+# What an active version serves with: changed only by promoting another version (module docstring).
+SERVING_FIELDS = ("name", "version", "role", "path", "device", "context_length", "dtype", "default_draft",
+                  "dspark_path")
+
+
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
     list_display = ("name", "version", "role", "variant", "colored_status", "device", "queue", "default_draft",
@@ -196,6 +208,19 @@ class ModelVersionAdmin(admin.ModelAdmin):
     def get_urls(self):
         view = self.admin_site.admin_view(self.promote_view)
         return [path("<path:object_id>/promote/", view, name="inference_modelversion_promote")] + super().get_urls()
+
+    def get_readonly_fields(self, request, obj=None):
+        """An active version's serving fields too (the module's docstring says why)."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and obj.status == VersionStatus.ACTIVE:
+            return (*fields, *(name for name in SERVING_FIELDS if name not in fields))
+        return fields
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        """An active version is retired by promoting another, never deleted from under its sessions."""
+        if obj is not None and obj.status == VersionStatus.ACTIVE:
+            return False
+        return super().has_delete_permission(request, obj)
 
     # -- variants --------------------------------------------------------------------------
 
@@ -329,6 +354,12 @@ class CanaryMismatchAdmin(admin.ModelAdmin):
     readonly_fields = ("created_at", "model", "drafter", "session_link", "first_difference", "where",
                        "served_text", "replayed_text", "served_tokens", "replayed_tokens")
     exclude = ("session_id", "session_created_at")
+
+    def get_queryset(self, request):
+        """A staff member's own tenant's mismatches (a mismatch names its session, not a tenant)."""
+        sessions = restrict(Session.objects.all(), request.user).values("pk")
+        queryset = super().get_queryset(request)
+        return queryset if request.user.is_superuser else queryset.filter(session_id__in=sessions)
 
     @admin.display(description="session")
     def session_link(self, mismatch: CanaryMismatch) -> str:

@@ -1,5 +1,8 @@
 """Admin of the metadata store: tenants, sessions, archival jobs, and a page of partitions by table.
 
+Tenants, memberships and sessions are tenant data: a staff member sees their own tenant's rows
+only, a superuser every tenant's (``metadata.admin_tenancy``).
+
 Row counts on the partitions page are the statistics system's live-tuple estimates (a COUNT(*)
 over every partition on each page view is what this app exists to avoid); the DEFAULT partition
 is counted exactly, since draining keeps it small and rows there need attention.
@@ -23,6 +26,7 @@ from django.utils.html import format_html
 
 from metadata import maintenance
 from metadata.admin_paging import EstimatedCountPaginator
+from metadata.admin_tenancy import TenantScopedAdmin
 from metadata.insights import admin as insights_admin  # noqa: F401  (the hot-queries and capacity pages)
 from metadata.maintenance.views import recent_runs
 from metadata.models import (
@@ -45,10 +49,17 @@ from metadata.sessions.cancel import cancel_sessions
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantScopedAdmin):
     """Tenants, their quotas and their prefix cache group: a quota left empty follows the setting's
     default, 0 is no limit; tenants of one group share cached prefixes (each learns from a hit
-    what the others sent), a tenant without one shares with nobody."""
+    what the others sent), a tenant without one shares with nobody. Staff see their own tenant;
+    only a superuser (the operator) groups tenants, since a group crosses tenants."""
+
+    tenant_field = "pk"
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_superuser else (*fields, "prefix_cache_group")
 
     list_display = ("name", "live_generations_quota", "open_streams_quota", "prefix_cache_group", "created_at")
     search_fields = ("name",)
@@ -69,14 +80,15 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(TenantMembership)
-class TenantMembershipAdmin(admin.ModelAdmin):
+class TenantMembershipAdmin(TenantScopedAdmin):
     list_display = ("user", "tenant")
     list_select_related = ("user", "tenant")
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(TenantScopedAdmin):
     """Sessions, read-only: generated data is never added, changed or deleted from the admin.
+    A staff member sees their tenant's sessions only (``TenantScopedAdmin``).
 
     The page of one session shows its tokens coloured by kind, each step's draft tree, acceptance
     per position, timings and links (``metadata.sessions.detail_page``). Actions: cancel (staff with

@@ -74,7 +74,8 @@ CACHES = {
 # App settings: each declared once, with its default, in its app's conf.py (docs/configuration.md lists them).
 read_declared(env, globals(), (*METADATA_SETTINGS, *INFERENCE_SETTINGS, *PROJECT_SETTINGS))
 THROTTLE_RATE_PATTERN = r"(?i)none|[0-9]+/(s|sec|second|m|min|minute|h|hour|d|day)"
-for _name in ("SPECOPS_THROTTLE_USER_RATE", "SPECOPS_THROTTLE_TENANT_RATE", "SPECOPS_THROTTLE_GENERATION_RATE"):
+for _name in ("SPECOPS_THROTTLE_USER_RATE", "SPECOPS_THROTTLE_TENANT_RATE", "SPECOPS_THROTTLE_GENERATION_RATE",
+              "SPECOPS_THROTTLE_LOGIN_RATE"):
     if not re.fullmatch(THROTTLE_RATE_PATTERN, globals()[_name].strip()):
         raise ImproperlyConfigured(f"{_name}={globals()[_name]!r}: expected <count>/<s|min|hour|day> "
                                    "(e.g. 600/min), or none.")

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularSwaggerView
 
+from core.login_throttle import throttled_login
 from core.metrics_view import metrics
 from core.schema_views import CachedSpectacularAPIView
 from ops.views import dashboard, latency_budget
@@ -15,6 +16,8 @@ handler500 = "core.error_views.server_error"
 urlpatterns = [
     path("admin/dashboard/", admin.site.admin_view(dashboard), name="specops-dashboard"),
     path("admin/latency-budget/", admin.site.admin_view(latency_budget), name="specops-latency-budget"),
+    # sign-in attempts per address and per username: SPECOPS_THROTTLE_LOGIN_RATE (core.login_throttle)
+    path("admin/login/", throttled_login(admin.site.login), name="specops-admin-login"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("metadata.api.urls")),

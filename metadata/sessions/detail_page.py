@@ -2,7 +2,8 @@
 
 Read-only by design: everything here reads the session's own rows (its tokens by primary key,
 its candidates by ``(session, step)``, both pruned to its partition by ``session_created_at``).
-Steps are paged by keyset on the step number (``?steps=<cursor>``), never by OFFSET.
+Steps are paged by keyset on the step number (``?steps=<cursor>``), never by OFFSET; a cursor
+this page did not issue (edited, truncated, of another list's shape) shows the first page.
 
 A step's candidates are its drafted root-to-leaf branches; merged on their common prefixes they
 are the draft tree. The target walked it from the root and kept ``accepted_len`` tokens of the
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.urls import reverse
+from rest_framework.exceptions import ValidationError
 
 from metadata.api.pagination import decode_cursor, encode_cursor
 from metadata.models import LIVE_STATUSES, Candidate, Session, TokenKind, TokenRecord
@@ -103,10 +105,27 @@ def _mark(level: list[TreeNode], path: list[int], on_path: bool) -> None:
             _mark(node.children, path, on_path=False)
 
 
+MAX_STEP = 2**31 - 1  # the step column's range
+
+
+def steps_after(cursor: str | None) -> int:
+    """The step a page of steps starts after: the cursor's, or -1 (the first page) for none or a
+    cursor this page did not issue."""
+    if not cursor:
+        return -1
+    try:
+        value = decode_cursor(cursor, 1)[0]
+    except ValidationError:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value <= MAX_STEP:
+        return -1
+    return value
+
+
 def steps_page(session: Session, tokens: list[dict], cursor: str | None, decode: Decoder,
                per_page: int = STEPS_PER_PAGE) -> dict:
     """One page of steps after ``cursor`` (keyset on the step number), with their trees."""
-    after = decode_cursor(cursor, 1)[0] if cursor else -1
+    after = steps_after(cursor)
     last_step = tokens[-1]["step"] if tokens else -1
     upto = after + per_page
     rows = list(Candidate.objects.filter(session_id=session.pk, session_created_at=session.created_at,

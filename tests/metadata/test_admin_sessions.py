@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from inference.models import ModelVersion, VersionStatus
-from metadata.models import Candidate, Session, TokenKind, TokenRecord
+from metadata.models import Candidate, Session, TenantMembership, TokenKind, TokenRecord
 from specops.celery import app
 
 pytestmark = pytest.mark.django_db
@@ -51,11 +51,14 @@ def make_session(tenant, model, status="succeeded", steps=3) -> Session:
     return session
 
 
-def staff(username: str, *perms: str):
+def staff(username: str, *perms: str, tenant=None):
+    """A staff user with ``perms``; in ``tenant`` (staff see their own tenant's sessions only)."""
     user = get_user_model().objects.create_user(username, password="pw-operator-123", is_staff=True)
     for perm in perms:
         app_label, codename = perm.split(".")
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    if tenant is not None:
+        TenantMembership.objects.create(user=user, tenant=tenant)
     return user
 
 
@@ -118,7 +121,7 @@ def test_steps_are_paged_by_keyset_never_offset(admin_client, tenant, tiny_model
 
 def test_cancel_needs_the_change_permission_and_ends_a_queued_session(client, tenant, tiny_model):
     session = make_session(tenant, tiny_model, status="queued", steps=1)
-    viewer = staff("viewer", "metadata.view_session")
+    viewer = staff("viewer", "metadata.view_session", tenant=tenant)
     client.force_login(viewer)
     page = client.get(f"/admin/metadata/session/{session.pk}/change/").content.decode()
     assert 'id="cancel-session"' not in page and 'id="rerun-session"' not in page
@@ -126,7 +129,7 @@ def test_cancel_needs_the_change_permission_and_ends_a_queued_session(client, te
     session.refresh_from_db()
     assert session.status == "queued"
 
-    client.force_login(staff("operator", "metadata.view_session", "metadata.change_session"))
+    client.force_login(staff("operator", "metadata.view_session", "metadata.change_session", tenant=tenant))
     page = client.get(f"/admin/metadata/session/{session.pk}/change/").content.decode()
     assert 'id="cancel-session"' in page
     response = client.post(f"/admin/metadata/session/{session.pk}/cancel/", follow=True)
@@ -149,10 +152,10 @@ def test_cancel_of_a_running_session_leaves_its_end_to_the_worker(admin_client, 
 
 def test_rerun_needs_the_add_permission_and_submits_the_same_parameters(client, tenant, tiny_model):
     session = make_session(tenant, tiny_model, steps=1)
-    client.force_login(staff("operator2", "metadata.view_session", "metadata.change_session"))
+    client.force_login(staff("operator2", "metadata.view_session", "metadata.change_session", tenant=tenant))
     assert client.post(f"/admin/metadata/session/{session.pk}/rerun/").status_code == 403
 
-    client.force_login(staff("operator3", "metadata.view_session", "metadata.add_session"))
+    client.force_login(staff("operator3", "metadata.view_session", "metadata.add_session", tenant=tenant))
     app.control.purge()
     try:
         response = client.post(f"/admin/metadata/session/{session.pk}/rerun/", follow=True)

@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
 from inference.models import ModelVersion, VersionStatus
-from metadata.models import Session, TokenRecord
+from metadata.models import Session, TenantMembership, TokenRecord
 from ops.rollups import roll_up
 from specops.celery import app
 from tests.metadata.test_admin_sessions import make_session
@@ -57,11 +57,13 @@ def browser():
 
 
 @pytest.fixture
-def operator(db):
+def operator(db, tenant):
+    """Staff of ``tenant`` (staff see their own tenant's sessions only)."""
     user = get_user_model().objects.create_user("operator", password=PASSWORD, is_staff=True)
     for perm in OPERATOR_PERMISSIONS:
         app_label, codename = perm.split(".")
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    TenantMembership.objects.create(user=user, tenant=tenant)
     return user
 
 
