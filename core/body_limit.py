@@ -13,8 +13,8 @@ takes no uploads, and an exemption for them let a 300 MB form be spooled before 
   body is read only once ``credentials_valid`` (the API token of ``Authorization``, or the
   admin's session cookie, checked by the caller's function: this floor knows no tokens) says
   the request carries them. A declared length over the bound is checked before anything is
-  read; a streamed body when it passes the bound. So an anonymous client can make the server
-  read at most 64 KiB, however large a body it declares or sends.
+  read; a streamed body when it reaches the bound with more to come. So an anonymous client can
+  make the application read at most 64 KiB, however large a body it declares or sends.
 
 The 413 is JSON in the called API's shape and names the limit (``core.error_views``).
 """
@@ -111,7 +111,9 @@ class BodyLimit:
                 received += len(message.get("body", b""))
                 if limit is not None and received > limit:
                     raise BodyTooLarge(body_too_large_message(None))
-                if received > preauth and not trusted:
+                # at the bound with more to come is past it: the app never reads beyond the bound
+                past = received > preauth or (received == preauth and message.get("more_body", False))
+                if past and not trusted:
                     if trusted is None:
                         trusted = await self.credentials_valid(scope)
                     if not trusted:
