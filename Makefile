@@ -13,8 +13,11 @@ services:
 migrate: install services
 	@$(PY) manage.py migrate --no-input -v0
 
+# In a terminal, run.sh gets a process group of its own (set -m), which the terminal's Ctrl-C goes to:
+# make, left out of it, does not die of the SIGINT, and ends with run.sh's exit status (0 on Ctrl-C).
+# run.sh is not the recipe's last command: bash would exec it in the shell's place, in make's group.
 run: install services
-	@scripts/run.sh
+	@if [[ -t 0 ]]; then set -m; fi; scripts/run.sh; status=$$?; exit $$status
 
 # The suite in TEST_WORKERS processes (pytest-xdist), whole test files to each; the 30 slowest tests printed.
 TEST_WORKERS ?= 4

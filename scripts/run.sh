@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Start SpecOps locally: migrate, first operator, then web + workers + beat, while the demo models
+# Start SpecOps locally: static files, migrate, first operator, then web + workers + beat, while the demo models
 # build in the background: a quick pair serves within a minute, the full pair replaces it when
 # trained (progress here and on the admin dashboard). Ctrl-C stops all of them (the build resumes
 # next time). Called by `make run` after install and services.
 set -euo pipefail
+# Bash cannot trap a signal that was ignored when it started, as SIGINT is for a command started
+# in the background (`make run &` in a script or CI): Ctrl-C or `kill -INT` then reached only the
+# Python children, which stopped, and this script took that for a crash. Start again with INT and
+# TERM at their defaults, so the traps below always hold.
+if [[ -z ${SPECOPS_RUN_SIGNALS:-} ]]; then
+  SPECOPS_RUN_SIGNALS=default exec env --default-signal=INT,TERM "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -25,50 +32,75 @@ fi
 export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/prometheus}
 rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 
-pids=()    # the platform: any of them exiting stops everything
-build=()   # the demo build: it ends on its own when the full pair is in
-stop() {
+pids=()          # the platform: any of them exiting stops everything
+declare -A names  # pid -> the name its log has
+build=()         # the demo build: it ends on its own when the full pair is in
+stop() {  # TERM to everything started here, then wait for all of it
   trap - INT TERM EXIT
-  echo; echo "stopping SpecOps..."
   kill -TERM "${pids[@]}" "${build[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
 }
-trap 'stop; exit 0' INT TERM
+stopped() {  # Ctrl-C (SIGINT to the whole process group) or SIGTERM: an ordinary end
+  stop
+  [[ -t 1 ]] && echo  # past the terminal's ^C
+  echo "SpecOps stopped: web, workers, beat and the demo build (the next make run resumes the build)."
+  exit 0
+}
+trap stopped INT TERM
 trap stop EXIT
 
 start() {  # start NAME CMD...: run in the background, log to var/log/NAME.log
   local name=$1; shift
   "$@" >"var/log/$name.log" 2>&1 &
   pids+=($!)
+  names[$!]=$name
   echo "started $name (pid $!, log var/log/$name.log)"
 }
+died() {  # died PID STATUS: a platform process ended without being told to; stop the rest
+  echo "SpecOps: ${names[$1]:-a process} (pid $1) exited on its own with status $2; stopping the others" \
+       "(its log: var/log/${names[$1]:-}.log)" >&2
+  exit 1
+}
 
-# One process migrates, collects static files, creates the first operator (its credentials are
-# printed once) and schedules the partition jobs, then writes var/prepared and goes on in the
+# One process collects the static files (then writes var/static-collected), migrates, creates the
+# first operator (its credentials are printed once) and schedules the partition jobs, then writes
+# var/prepared and goes on in the
 # background with the demo models: the quick pair (demo:quick-N), built in well under a minute
 # and promoted when nothing else serves, then the full pair (demo:seedN), trained at a lower
 # priority and promoted over it. OMP_WAIT_POLICY=PASSIVE: torch's threads sleep instead of
 # spinning while they wait for each other, which on a busy machine made two threads slower than
 # one (measured: a training step 14 s spinning, 8 s passive; about the same when idle). Progress lines
 # come here; errors and tqdm bars go to var/log/demo-build.log.
-rm -f var/prepared var/serving
-OMP_WAIT_POLICY=PASSIVE $PY manage.py prepare_run --ready-file var/prepared --then-build-demo-models \
-  --serving-file var/serving 2>var/log/demo-build.log &
+rm -f var/static-collected var/prepared var/serving
+OMP_WAIT_POLICY=PASSIVE $PY manage.py prepare_run --static-file var/static-collected --ready-file var/prepared \
+  --then-build-demo-models --serving-file var/serving 2>var/log/demo-build.log &
 build+=($!)
+preparing() {  # wait until FILE exists; the preparing process must live and the platform with it
+  until [[ -e $1 ]]; do
+    if ! kill -0 "${build[0]}" 2>/dev/null; then
+      echo "preparing the database failed (collectstatic, migrate, create_operator or partitions schedule):" >&2
+      tail -n 5 var/log/demo-build.log >&2
+      exit 1
+    fi
+    alive
+    sleep 0.2
+  done
+}
+alive() {  # exit 1 when a platform process has died
+  local pid status
+  for pid in "${pids[@]}"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      status=0; wait "$pid" || status=$?
+      died "$pid" "$status"
+    fi
+  done
+}
 # Counting GPUs imports torch: only on a host with NVIDIA devices.
 gpus=0
 if compgen -G "/dev/nvidia[0-9]*" >/dev/null; then
   gpus=$($PY -c "from specops.celery import visible_gpu_count; print(visible_gpu_count())")
 fi
 
-# The web and the model workers start meanwhile (their imports take most of a first minute; they
-# touch no table until a request comes, and the credentials to make one are printed after migrate).
-# ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
-# Keep-alive 75 s, not gunicorn's 2 s: a client that pauses a little over 2 s between calls (the
-# load test's users wait 0.5-2 s plus a stream) raced the server's close of its idle connection
-# and got a connection reset on its next POST (1-3 in ~230 in the load test).
-start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
-  --workers "${WEB_WORKERS:-2}" --keep-alive "${WEB_KEEPALIVE_S:-75}"
 # One worker per device, one batching loop in it: each thread of the pool hands it a session, and
 # the loop feeds the device's engine core, a child process the worker starts that holds the models
 # and only steps (inference/engine_core/; SPECOPS_ENGINE_CORE=thread keeps it in the worker).
@@ -87,20 +119,18 @@ for ((i = 0; i < gpus; i++)); do
     --concurrency "$threads" --prefetch-multiplier 1 -n "gpu$i@%h" -l INFO
 done
 
-alive() {  # exit 1 when a platform process has died
-  for pid in "${pids[@]}"; do
-    kill -0 "$pid" 2>/dev/null || { echo "a SpecOps process exited on its own; stopping the others (see var/log/)" >&2; exit 1; }
-  done
-}
-until [[ -e var/prepared ]]; do
-  if ! kill -0 "${build[0]}" 2>/dev/null; then
-    echo "preparing the database failed (migrate, create_operator or partitions schedule):" >&2
-    tail -n 5 var/log/demo-build.log >&2
-    exit 1
-  fi
-  alive
-  sleep 0.2
-done
+# The web starts once the static files are collected (the first thing prepare_run does): WhiteNoise
+# indexes STATIC_ROOT when a web process starts, and a web started before them served the admin
+# unstyled until restarted. Its imports then take most of a minute, while the database migrates
+# and the quick pair builds; it touches no table until a request comes.
+# ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
+# Keep-alive 75 s, not gunicorn's 2 s: a client that pauses a little over 2 s between calls (the
+# load test's users wait 0.5-2 s plus a stream) raced the server's close of its idle connection
+# and got a connection reset on its next POST (1-3 in ~230 in the load test).
+preparing var/static-collected
+start web .venv/bin/gunicorn specops.asgi:application -c specops/gunicorn_conf.py --bind "$HOST:$PORT" \
+  --workers "${WEB_WORKERS:-2}" --keep-alive "${WEB_KEEPALIVE_S:-75}"
+preparing var/prepared
 echo "database ready; the demo models build on (pid ${build[0]}, log var/log/demo-build.log)"
 cat <<TXT
 
@@ -128,6 +158,6 @@ start worker-maintenance nice -n 10 .venv/bin/celery -A specops worker -Q mainte
   --concurrency 1 -l INFO
 start beat nice -n 10 .venv/bin/celery -A specops beat -l INFO \
   --scheduler django_celery_beat.schedulers:DatabaseScheduler --pidfile var/celerybeat.pid
-wait -n "${pids[@]}" || true
-echo "a SpecOps process exited on its own; stopping the others (see var/log/)" >&2
-exit 1
+status=0
+wait -n -p exited "${pids[@]}" || status=$?
+died "$exited" "$status"
