@@ -179,6 +179,8 @@ class GenerationRequestSerializer(serializers.Serializer):
         fields.update({parameter.name: _parameter_field(parameter) for parameter in DRAFTER_PARAMETERS})
         return fields
 
+    constraint: OutputConstraint | None = None  # the response_format's, once validated
+
     def validate_response_format(self, value: Any) -> dict | None:
         """A format too large, or one the engine cannot compile, is refused here, before anything is
         enqueued. Compiled without being remembered: ``remember_constraints`` once it is accepted
@@ -195,8 +197,6 @@ class GenerationRequestSerializer(serializers.Serializer):
             raise serializers.ValidationError(str(error)) from None
         self.constraint = shape
         return value if shape is not None else None
-
-    constraint: OutputConstraint | None = None  # the response_format's, once validated
 
     def remember_constraints(self, *others: OutputConstraint) -> None:
         """The request was accepted: its constraints (and ``others`` checked with it) need not be

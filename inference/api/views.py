@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+
+from django.http.request import RawPostDataException
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
@@ -77,8 +80,8 @@ class GenerationViewSet(viewsets.GenericViewSet):
             raise PermissionDenied("this user belongs to no tenant.")
         key = idempotency.key_of(request.META)
         claim = None
-        if key is not None:  # the body as sent, read before the parser consumes the stream
-            claim = idempotency.claim(request.user.pk, key, request.path, request.body)
+        if key is not None:
+            claim = idempotency.claim(request.user.pk, key, request.path, body_as_sent(request))
             if isinstance(claim, idempotency.Replay):
                 return self._replay(request, tenant, claim)
         try:
@@ -119,6 +122,15 @@ class GenerationViewSet(viewsets.GenericViewSet):
             "tokens_url": request.build_absolute_uri(reverse("session-tokens", args=[session_id])),
         }
         return Response(body, status=code, headers={"Location": url})
+
+
+def body_as_sent(request) -> bytes:
+    """The request's body, read before the parser consumes its stream; a multipart body that the
+    session authentication's CSRF check already parsed is read back from its fields."""
+    try:
+        return request.body
+    except RawPostDataException:
+        return json.dumps(sorted(request.data.lists())).encode()
 
 
 PROMOTE_PERMISSION = "inference.change_modelversion"

@@ -182,3 +182,18 @@ def test_an_openai_retry_of_a_finished_session_replays_its_reply(openai_client, 
     assert again.status_code == 200, again.content
     assert again[REPLAYED_HEADER] == "true" and again["X-SpecOps-Session"] == str(session.pk)
     assert again.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.django_db
+def test_a_keyed_multipart_post_with_the_admins_session_and_its_csrf_check(api_user, tiny_model):
+    """The CSRF check reads a multipart body before the view (its stream is gone): the key's
+    fingerprint comes from its fields, and the retry is still answered from the first session."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(api_user)
+    client.get("/admin/login/")  # a CSRF cookie
+    token = client.cookies["csrftoken"].value
+    body = {"prompt": "import os\n", "max_new_tokens": "4"}
+    first = client.post(URL, body, HTTP_X_CSRFTOKEN=token, **{META: "form-1"})
+    again = client.post(URL, body, HTTP_X_CSRFTOKEN=token, **{META: "form-1"})
+    assert first.status_code == again.status_code == 202, again.content
+    assert first.json()["id"] == again.json()["id"] and Session.objects.count() == 1
