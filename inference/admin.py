@@ -34,6 +34,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from inference import version_files
 from inference.api.serializers import GenerationRequestSerializer
 from inference.engine.drafters.registry import DRAFTERS
 from inference.api.tokenizers import tokenizer_for
@@ -181,12 +182,12 @@ SERVING_FIELDS = ("name", "version", "role", "path", "device", "context_length",
 
 @admin.register(ModelVersion)
 class ModelVersionAdmin(admin.ModelAdmin):
-    list_display = ("name", "version", "role", "variant", "colored_status", "device", "queue", "default_draft",
-                    "context_length", "attn_implementation", "dtype", "promoted_at", "promote_link")
+    list_display = ("name", "version", "role", "variant", "colored_status", "files", "device", "queue",
+                    "default_draft", "context_length", "attn_implementation", "dtype", "promoted_at", "promote_link")
     list_filter = ("role", "status", "device", "variant")
     list_select_related = ("default_draft",)
     search_fields = ("name", "version")
-    readonly_fields = ("status", "promoted_at", "created_at", "variant", "base", "recipe", "figures",
+    readonly_fields = ("status", "files", "promoted_at", "created_at", "variant", "base", "recipe", "figures",
                        "attn_implementation", "variants_side_by_side")
     actions = ["promote", "build_int8_variant", "build_bf16_variant", "build_compiled_variant"]
     change_list_template = "admin/inference/modelversion/change_list.html"
@@ -197,6 +198,18 @@ class ModelVersionAdmin(admin.ModelAdmin):
     def colored_status(self, version: ModelVersion) -> str:
         return format_html('<strong style="color: {}">{}</strong>', self.STATUS_COLORS.get(version.status, "#000"),
                            version.status)
+
+    @admin.display(description="files")
+    def files(self, version: ModelVersion) -> str:
+        """Whether this host has what loading the version reads; an active version without is unavailable."""
+        if version.pk is None:
+            return "-"
+        missing = version_files.missing_files(version)
+        if missing is None:
+            return format_html('<span class="version-files" data-available="true">on disk</span>')
+        state = "unavailable" if version.status == VersionStatus.ACTIVE else "missing"
+        return format_html('<strong class="version-files" data-available="false" style="color: #c62828" '
+                           'title="{}">{}: {}</strong>', missing, state, missing)
 
     @admin.display(description="")
     def promote_link(self, version: ModelVersion) -> str:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from django.utils import timezone
 
 from core.latency_budget import measure
-from inference import affinity, prediction_cache
+from inference import affinity, prediction_cache, version_files
 from inference.models import ModelRole, ModelVersion, VersionStatus
 from inference.registry import DEMO_NAME, pending_build
 from inference.tasks import generate
@@ -27,9 +27,9 @@ from metadata.sessions.admission import insert_within_quota
 from metadata.sessions.state import invalidate_session, seed_new_session_state
 
 __all__ = [
-    "Generation", "GenerationRefused", "ModelBuilding", "ModelNotServed", "QueueUnavailable", "QuotaExceeded",
-    "ValidatedRequest", "broker_priority", "follow", "live_generations", "served_target", "start_generation",
-    "submit_generation",
+    "Generation", "GenerationRefused", "ModelBuilding", "ModelNotServed", "ModelUnavailable", "QueueUnavailable",
+    "QuotaExceeded", "ValidatedRequest", "broker_priority", "follow", "live_generations", "require_files",
+    "served_target", "start_generation", "submit_generation",
 ]
 
 logger = logging.getLogger(__name__)
@@ -75,6 +75,27 @@ class ModelBuilding(GenerationRefused):
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class ModelUnavailable(GenerationRefused):
+    """A registered version's files are missing or unreadable on this host (``inference.version_files``)."""
+
+    code = "model_unavailable"
+    retry_after_s = 60  # files come back when an operator restores them, not within seconds
+
+    def __init__(self, version: ModelVersion, missing: str) -> None:
+        super().__init__(f"model '{version.name}' is unavailable: the files of {version.name}:{version.version} "
+                         f"({version.role}) are missing or unreadable on this host: {missing}. An operator "
+                         "restores them or promotes another version.")
+        self.version = version
+
+
+def require_files(version: ModelVersion) -> ModelVersion:
+    """``version`` when its files are all there, else ``ModelUnavailable`` naming it and what is missing."""
+    missing = version_files.missing_files(version)
+    if missing is not None:
+        raise ModelUnavailable(version, missing)
+    return version
 
 
 class QuotaExceeded(GenerationRefused):

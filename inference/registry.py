@@ -16,6 +16,7 @@ from typing import Any
 from django.db import transaction
 from transformers import AutoConfig
 
+from inference import version_files
 from inference.build_records import BUILDING, STALLED, build_record, build_records
 from inference.conf import conf
 from inference.engine.models.loading import (
@@ -151,22 +152,51 @@ def _active_demo_target(name: str) -> ModelVersion | None:
     return ModelVersion.objects.filter(name=name, role=ModelRole.TARGET, status=VersionStatus.ACTIVE).first()
 
 
+def _match_built(version: ModelVersion, directory: Path) -> None:
+    """Keep a demo version's row true to the pair just built into ``directory``.
+
+    Its version name stays when its recipe changes (the quick pair's context grew), so the facts
+    read at registration are read again; and a row whose files this host lacks (it came with a
+    database shared with another checkout, or its folder moved) points at the built pair instead.
+    """
+    changed = []
+    if version.directory.resolve() != directory.resolve():
+        missing = version_files.missing_files(version)
+        if missing is None:
+            return  # another whole copy, chosen by whoever registered it
+        logger.warning("%s: its files are missing (%s); it now points at %s, just built", version, missing, directory)
+        version.path = _stored_path(directory)
+        changed.append("path")
+    context_length, attn_implementation = read_model_facts(directory)
+    if (version.context_length, version.attn_implementation) != (context_length, attn_implementation):
+        version.context_length, version.attn_implementation = context_length, attn_implementation
+        changed += ["context_length", "attn_implementation"]
+    if changed:
+        version.save(update_fields=changed)
+
+
 def register_demo_pair(version: str, target_dir: Path, draft_dir: Path, device: str = "cpu",
                        name: str = DEMO_NAME) -> tuple[ModelVersion, bool]:
     """Register a demo pair and promote it when it should serve; return (target, promoted).
 
-    A quick pair is promoted only when no `name` target is active (a later `make run` must not
-    demote the full pair); the full pair when none is, or when the active one is a quick pair
-    (it never replaces a version an operator chose). Promotion is the ordinary one: the
-    `model_promoted` signal, after commit, invalidates the replaced versions' cached predictions.
+    A quick pair is promoted only when no `name` target is active, or when the active one's files
+    are missing on this host (a later `make run` must not demote the full pair, and must serve a
+    pair it has the files of); the full pair too, or when the active one is a quick pair (it never
+    replaces a version an operator chose while that version's files are there). Promotion is the
+    ordinary one: the `model_promoted` signal, after commit, invalidates the replaced versions'
+    cached predictions.
     """
     with transaction.atomic():
         target = register_pair(name, version, target_dir, draft_dir, device=device, promote=False)
+        _match_built(target, target_dir)
+        if target.default_draft is not None:
+            _match_built(target.default_draft, draft_dir)
         active = _active_demo_target(name)
         quick = version.startswith(QUICK_PREFIX)
         if active is not None and active.pk == target.pk:
             return target, False
-        if active is None or (not quick and active.version.startswith(QUICK_PREFIX)):
+        if (active is None or version_files.missing_files(active) is not None
+                or (not quick and active.version.startswith(QUICK_PREFIX))):
             if target.default_draft is not None:
                 target.default_draft.promote()
             target.promote()

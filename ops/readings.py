@@ -13,6 +13,8 @@ from django.db import connection, connections
 from django.db.models import Count
 
 from core.queues import CPU_QUEUE, MAINTENANCE_QUEUE, gpu_queue, visible_gpu_count
+from inference import version_files
+from inference.models import ModelVersion, VersionStatus
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,14 @@ def default_partition_rows() -> dict[str, int]:
                 cursor.execute(f'SELECT count(*) FROM "{table}_default"')
                 rows[table] = cursor.fetchone()[0]
     return rows
+
+
+def model_files() -> list[dict[str, str | None]]:
+    """Each version that serves or may be promoted (active or staged): its model, version and role,
+    and ``missing``, what of its files this host lacks (None: all there); a few rows, a few stats each."""
+    versions = ModelVersion.objects.filter(status__in=(VersionStatus.ACTIVE, VersionStatus.STAGED)).order_by("pk")
+    return [{"model": v.name, "version": v.version, "role": v.role, "missing": version_files.missing_files(v)}
+            for v in versions]
 
 
 def archival_job_counts() -> dict[str, int]:

@@ -8,7 +8,8 @@ from django.http import QueryDict
 from rest_framework import serializers
 
 from core.parsers import BodyNotJSON, loads_json_field, nesting_depth
-from inference.api.tokenizers import count_tokens
+from inference import version_files
+from inference.api.version_tokenizers import tokenizer_of
 from inference.engine.config import GenerationConfig
 from inference.engine.constraints import ConstraintError, OutputConstraint, constraint_from_response_format
 from inference.engine.constraints.grammar import remember_constraint
@@ -20,7 +21,7 @@ from inference.engine.drafters import (
     DrafterParameter,
 )
 from inference.engine.errors import ConfigError
-from inference.generations import ModelNotServed
+from inference.generations import ModelNotServed, ModelUnavailable, require_files
 from inference.limits import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
@@ -222,9 +223,13 @@ class GenerationRequestSerializer(serializers.Serializer):
                                                f"target; model '{target.name}' has none (register one with "
                                                "register_model --dspark DIR, or use another drafter)."})
         drafter_params = self._drafter_params(kind, attrs)
-        prompt_tokens = count_tokens(str(target.directory), attrs["prompt"])
+        self._require_files(target, kind)
+        prompt_tokens = len(tokenizer_of(target)(attrs["prompt"])["input_ids"])
         if prompt_tokens == 0:
             raise serializers.ValidationError({"prompt": "must contain at least one token."})
+        room = target.context_length - prompt_tokens
+        if "max_new_tokens" not in self.initial_data and 0 < room < attrs["max_new_tokens"]:
+            attrs["max_new_tokens"] = room  # not the client's number but the default: what fits (a long chat)
         if prompt_tokens + attrs["max_new_tokens"] > target.context_length:
             field = "prompt" if prompt_tokens >= target.context_length else "max_new_tokens"
             raise serializers.ValidationError({field: (
@@ -233,6 +238,18 @@ class GenerationRequestSerializer(serializers.Serializer):
         attrs.update(target=target, drafter=drafter, prompt_tokens=prompt_tokens, drafter_params=drafter_params,
                      draft=target.default_draft if kind.uses_draft_model else None)
         return attrs
+
+    @staticmethod
+    def _require_files(target: ModelVersion, kind: DrafterKind) -> None:
+        """The files this request loads are on the host: the target's, and its draft's or DSpark
+        drafter's when the drafter runs one; ``ModelUnavailable`` (left to the view: a 503) if not."""
+        require_files(target)
+        if kind.uses_draft_model and target.default_draft is not None:
+            require_files(target.default_draft)
+        if kind.needs_dspark:
+            missing = version_files.missing_dspark(target)
+            if missing is not None:
+                raise ModelUnavailable(target, missing)
 
     @staticmethod
     def _drafter_params(kind: DrafterKind, attrs: dict) -> dict:

@@ -9,7 +9,3 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 @lru_cache(maxsize=16)
 def tokenizer_for(directory: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
-
-
-def count_tokens(directory: str, text: str) -> int:
-    return len(tokenizer_for(directory)(text)["input_ids"])

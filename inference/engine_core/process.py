@@ -88,9 +88,12 @@ class EngineCore:
         elif isinstance(message, DropPairs):
             self.engines.drop(message.pairs, message.keep)
         elif isinstance(message, Preload):
-            for spec in message.specs:
-                self.models.get(spec)
-                self.models.dspark(spec)
+            for spec in message.specs:  # one version that fails to load leaves the others loaded
+                try:
+                    self.models.get(spec)
+                    self.models.dspark(spec)
+                except Exception:
+                    logger.exception("engine core: preloading %s failed", spec)
         elif isinstance(message, Replay):
             try:
                 tokens = self.engines.replay(self.models.get(message.target), message.prompt_ids, message.config)

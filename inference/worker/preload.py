@@ -53,13 +53,11 @@ def preload_models(**kwargs) -> None:
     try:
         versions = list(ModelVersion.objects.filter(status=VersionStatus.ACTIVE, device=device))
         loop = device_loop()  # starts the engine core, when there is one
-        models = {version.pk: residency.get(version) for version in versions}
-        for version in versions:
-            residency.dspark(version)  # a target's DSpark drafter, when it has one
-        loop.preload([models[version.pk] for version in versions])
-        logger.info("preloaded %d model version(s) on %s", len(versions), device)
+        models = preload_each(versions, device)
+        loop.preload(list(models.values()))
+        logger.info("preloaded %d of %d model version(s) on %s", len(models), len(versions), device)
         suffix_feed.warm_up(models, corpora=loop.corpora)
-    except Exception:  # a missing model must not kill the worker; the task reports the error
+    except Exception:  # the database not migrated yet, the core not started: the tasks report it
         logger.exception("preloading models on %s failed", device)
     finally:
         from django.db import connections
@@ -68,3 +66,27 @@ def preload_models(**kwargs) -> None:
 
         connections.close_all()
         freeze_long_lived(f"worker on {device}")  # its modules and models, out of every full collection
+
+
+def preload_each(versions: list, device: str) -> dict:
+    """{version id: model} of the versions that loaded; one whose files are missing or that fails
+    to load is logged and left out, so the worker serves the others (its sessions fail with the
+    reason, and the APIs refuse new ones with a 503 naming it)."""
+    from inference import version_files
+
+    models = {}
+    for version in versions:
+        missing = version_files.missing_files(version)
+        if missing is not None:
+            logger.error("not preloading %s on %s: its files are missing or unreadable: %s", version, device, missing)
+            continue
+        try:
+            models[version.pk] = residency.get(version)
+        except Exception:
+            logger.exception("preloading %s on %s failed; the worker serves the other versions", version, device)
+            continue
+        try:
+            residency.dspark(version)  # a target's DSpark drafter, when it has one
+        except Exception:
+            logger.exception("preloading the DSpark drafter of %s on %s failed", version, device)
+    return models

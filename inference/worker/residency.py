@@ -12,6 +12,7 @@ import logging
 import threading
 from collections import OrderedDict
 
+from inference import version_files
 from inference.conf import conf
 from inference.engine_core.models import ModelResidency
 
@@ -39,6 +40,8 @@ class FrontModels:
             if held is not None:
                 self._loaded.move_to_end(version.pk)
                 return held
+            # before transformers, which takes a missing directory for a Hub repository id
+            version_files.check_files(version)
             held = self._loaded[version.pk] = RemoteModel(ModelSpec.of(version), load_tokenizer(version.directory))
             while len(self._loaded) > self.capacity:
                 self._loaded.popitem(last=False)

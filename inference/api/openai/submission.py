@@ -23,7 +23,15 @@ from inference.api.openai.errors import OpenAIError, bad_param
 from inference.api.openai.serializers import COMPLETION, OpenAIRequest, generation_error, parse_request
 from inference.api.serializers import GenerationRequestSerializer
 from inference.api.tokenizers import tokenizer_for
-from inference.generations import GenerationRefused, ModelBuilding, ModelNotServed, served_target, start_generation
+from inference.api.version_tokenizers import tokenizer_of
+from inference.generations import (
+    GenerationRefused,
+    ModelBuilding,
+    ModelNotServed,
+    ModelUnavailable,
+    served_target,
+    start_generation,
+)
 from metadata.api.async_views import Caller
 from metadata.models import Session
 
@@ -37,14 +45,15 @@ def refusal_error(refusal: GenerationRefused) -> OpenAIError:
     """The OpenAI protocol's answer to a refused generation.
 
     An unknown model is a 404; anything else has the refusal's own status (429 past a tenant's
-    quota; a model still being built, the task queue down: 503) and a Retry-After, the refusal's
-    own when it knows one.
+    quota; a model still being built or its files missing, the task queue down: 503) and a
+    Retry-After, the refusal's own when it knows one.
     """
     if isinstance(refusal, ModelNotServed):
         return OpenAIError(404, f"The model '{refusal.name}' does not exist or is not active (GET /v1/models lists "
                            "them).", param="model", code="model_not_found")
     return OpenAIError(refusal.http_status, refusal.message,
-                       param="model" if isinstance(refusal, ModelBuilding) else None, code=refusal.code,
+                       param="model" if isinstance(refusal, (ModelBuilding, ModelUnavailable)) else None,
+                       code=refusal.code,
                        headers={"Retry-After": str(refusal.retry_after_s or RETRY_AFTER_S)})
 
 
@@ -75,9 +84,10 @@ def submit(request: OpenAIRequest, caller: Caller, key: idempotency.Claim | None
     refusal releases the request's ``Idempotency-Key`` claim, an accepted request completes it."""
     try:
         with measure("validation"):
-            directory = str(served_target(request.model).directory)
+            target = served_target(request.model)
+            directory = str(target.directory)
             prompt = request.prompt if request.kind == COMPLETION else render_chat(
-                tokenizer_for(directory), request.messages, request.calling.tools() if request.calling else None)
+                tokenizer_of(target), request.messages, request.calling.tools() if request.calling else None)
             checked = request.checked_constraints()
             serializer = GenerationRequestSerializer(data=request.generation_data(prompt),
                                                      context={"checked_constraints": checked})
