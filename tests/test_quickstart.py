@@ -308,3 +308,30 @@ def test_a_full_builds_progress_counts_its_dspark_phases(db, redis_client):
     assert pair_done < record["percent"] < 100
     assert record["eta_s"] == record["phase_eta_s"] > 0  # the last phase: nothing after it
     assert "(phase 7/7)" in demo_build_progress()["line"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "The city, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
+SHORT_TURNS = ["Hi, who are you?", "Can you write a function?", "Make it parse a date.", "Add a docstring.",
+               "Now handle errors.", "Rename it to parse_day.", "Add a test.", "Thanks, that is all."]
+SHORT_REPLY = "Sure, here it is:\ndef parse(text):\n    return text.split()\n"
+
+
+def test_the_quick_pair_takes_a_one_function_tool_call_and_an_eight_turn_chat(db, api_client, quick_build):
+    from transformers import AutoTokenizer
+
+    from inference.api.openai.chat_template import render_chat
+
+    register_demo_pair(quick_version(0), quick_build.target_dir, quick_build.draft_dir)
+    tokenizer = AutoTokenizer.from_pretrained(quick_build.target_dir, local_files_only=True)
+    chat = [message for turn in SHORT_TURNS for message in
+            ({"role": "user", "content": turn}, {"role": "assistant", "content": SHORT_REPLY})][:-1]
+    prompts = {"tool call": render_chat(tokenizer, [{"role": "user", "content": "Weather in Paris?"}], [WEATHER]),
+               "8-turn chat": render_chat(tokenizer, chat)}
+    for what, prompt in prompts.items():
+        response = api_client.post("/api/v1/generations/", {"model": DEMO_NAME, "prompt": prompt, "max_new_tokens": 64},
+                                   format="json")
+        assert response.status_code == 202, (what, response.content)

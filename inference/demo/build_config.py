@@ -134,19 +134,25 @@ class DemoBuildConfig:
         time-bounded phase: on a loaded machine a step count alone could take minutes), on a
         slice of the library spread over many packages. Its text is Python-flavoured noise
         (keywords, `self.`, indentation), not code: the full pair replaces it when trained.
+
+        Its context is 1024 tokens, though it trains on 64: positions are rotary (no weights), and
+        a client's first requests must fit. With its 1024-token vocabulary (about 2 characters a
+        token) the tool block of a one-function request is ~365 tokens (the instructions 156, the
+        function's schema the rest) and an 8-turn chat of short turns ~390 before the reply; 256
+        refused every `tools` request.
         """
         return cls(
             seed=seed,
             vocab_size=1024,
-            context_length=256,
+            context_length=1024,
             tokenizer_sample_chars=400_000,
             max_corpus_chars=400_000,
             corpus_spread=True,
             target_budget_s=15.0,
             target=ModelShape(layers=2, hidden=96, heads=4, kv_heads=2, intermediate=192,
-                              context_length=256),
+                              context_length=1024),
             draft=ModelShape(layers=1, hidden=96, heads=4, kv_heads=2, intermediate=192,
-                             context_length=256),
+                             context_length=1024),
             target_optim=OptimConfig(steps=400, batch_size=8, seq_len=64, lr=1e-2,
                                      warmup_steps=10, checkpoint_every=50),
             greedy_sequences=8,
