@@ -76,9 +76,7 @@ stream_mismatch=<n>`` (a case not run is 0/0).
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import secrets
 import shutil
 import signal
 import sys
@@ -89,15 +87,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import (  # noqa: E402
-    ADMIN_URL,
-    NO_THROTTLES,
-    database_url,
-    drop_database,
-    recreate_database,
-    say,
-    register_tiny_pair,
-)
+from bench.common import ADMIN_URL, drop_database, recreate_database, say  # noqa: E402
 from bench.fault_outcomes import (  # noqa: E402
     RESTARTS,
     TERMINAL,
@@ -114,6 +104,7 @@ from bench.fault_outcomes import (  # noqa: E402
     token_rows,
     wait,
 )
+from bench.fault_setup import bench_environment, prepare  # noqa: E402
 from bench.fault_streams import StreamClients  # noqa: E402
 from bench.fault_workers import LOG_DIR, ReconcilerThread, Worker, copy_models  # noqa: E402
 from scripts import netns_hosts  # noqa: E402
@@ -126,46 +117,6 @@ NETNS_CASES = (*LOCAL_CASES, "pause", "partition", *RESTARTS)
 SAMPLED_DRAFTERS = ("draft_model", "ngram", "tree", "suffix")  # a sampled session's, by run
 KINDS = ("greedy", "sampled")  # each fault run hits one session of each
 ATTEMPTS = 5  # sessions a fault run may submit before one is still running when the fault comes
-
-
-def bench_environment(args, services: netns_hosts.Services | None = None) -> None:
-    """The environment of this process and of the workers it starts (on hosts of their own:
-    the services host's PostgreSQL, Redis and broker)."""
-    redis_url = services.redis.url() if services else f"redis://127.0.0.1:6379/{args.redis_db}"
-    os.environ.update({
-        "DATABASE_URL": database_url(args.admin_url, args.database), "DATABASE_REPLICA_URLS": "",
-        "REDIS_URL": redis_url,
-        "SPECOPS_MODEL_DIR": str(ROOT / "var" / "bench-models"), "HF_HUB_OFFLINE": "1",
-        "DJANGO_SETTINGS_MODULE": "specops.settings", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
-        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(40),
-        **NO_THROTTLES,
-        "SPECOPS_SESSION_LEASE_S": str(args.lease), "SPECOPS_RECONCILE_QUEUED_S": str(args.requeue_after),
-        "SPECOPS_SPECULATION_POLICY": "false",  # fixed drafts: every run of a prompt takes the same steps
-        "SPECOPS_STREAM_HEARTBEAT_S": "1",  # a quiet stream client asks every second whether its session ended
-        "OMP_NUM_THREADS": str(args.torch_threads),
-    })
-    for name in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):  # both are REDIS_URL's database
-        os.environ.pop(name, None)
-    if services:
-        os.environ["CELERY_BROKER_URL"] = services.broker.url()
-
-
-def prepare() -> Callable[[list[int]], str]:
-    """Migrate, flush the Redis database, register the tiny pair (as the active target); return
-    its tokenizer's decode (a sampled session's text is its tokens decoded)."""
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from inference.engine.models.loading import load_tokenizer
-    from inference.models import ModelVersion
-    from metadata.sessions import token_stream
-
-    token_stream.client().flushdb()
-    call_command("migrate", verbosity=0)
-    name = register_tiny_pair()
-    return load_tokenizer(ModelVersion.objects.get(name=name, role="target", status="active").directory).decode
 
 
 class FaultBench:
