@@ -1,4 +1,4 @@
-"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, E004, E005, W002)."""
+"""System checks for inference settings that parse but are wrong (ids are stable: specops.E003, E004, E005, E006, W002)."""
 from __future__ import annotations
 
 import os
@@ -33,6 +33,25 @@ def check_engine_core(app_configs=None, **kwargs) -> list:
         return [Error(f"SPECOPS_ENGINE_CORE {mode!r} is not an engine-core mode.",
                       hint=f"Use one of: {', '.join(ENGINE_CORE_MODES)}.", id="specops.E004")]
     return []
+
+
+# inference.engine.runner's compile modes, written out for the same reason
+ENGINE_COMPILE_MODES = ("auto", "off")
+
+
+@register()
+def check_engine_compile(app_configs=None, **kwargs) -> list:
+    """SPECOPS_ENGINE_COMPILE names a compile mode and the KV budget is positive: a typo would
+    otherwise fail the worker's first engine."""
+    errors = []
+    mode = inference_conf.ENGINE_COMPILE
+    if mode not in ENGINE_COMPILE_MODES:
+        errors.append(Error(f"SPECOPS_ENGINE_COMPILE {mode!r} is not a compile mode.",
+                            hint=f"Use one of: {', '.join(ENGINE_COMPILE_MODES)}.", id="specops.E006"))
+    if inference_conf.KV_CACHE_MB < 1:
+        errors.append(Error(f"SPECOPS_KV_CACHE_MB {inference_conf.KV_CACHE_MB} must be 1 or more.",
+                            hint="It bounds each model's preallocated KV pools (the compiled path).", id="specops.E006"))
+    return errors
 
 
 # The variable that once made the prefix cache shared by every tenant: a deployment that still

@@ -35,6 +35,17 @@ SETTINGS = (
     Setting("SPECOPS_PACK_LINEAR", bool, False,
             "the linear layers of a batch forward take each row's real tokens only, not the padding to the "
             "widest row (faster with uneven verify lengths; changes logits' low bits, hence off by default)"),
+    Setting("SPECOPS_ENGINE_COMPILE", str, "auto",
+            "auto: a device's models run whole-model compiled forwards (AOTInductor packages built once per "
+            "architecture in a background process while the eager forward serves; inference/engine/runner/); "
+            "off: the eager engine only. A model the compiled forward does not support runs eagerly either way"),
+    Setting("SPECOPS_COMPILE_DIR", Path, BASE_DIR / "var" / "compiled",
+            "where compiled forwards are kept (keyed by architecture, shape bounds, torch version and device), "
+            "so a restarted worker loads them in seconds"),
+    Setting("SPECOPS_KV_CACHE_MB", int, 4096,
+            "memory one engine's preallocated KV pools may take per model (the compiled path): a pool holds "
+            "SPECOPS_MAX_BATCH rows (rounded up to a power of two) of the model's context; fewer rows when it "
+            "would not fit"),
     Setting("SPECOPS_PREFIX_CACHE_MB", int, 512,
             "memory a device's prefix cache may hold: keys and values of earlier prompts and replies that a "
             "new request starting with them adopts instead of prefilling (inference/engine/kv/prefix_cache.py; 0: off)"),

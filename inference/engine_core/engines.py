@@ -9,17 +9,25 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.batch.policy import SpeculationPolicy
+from inference.engine.batch.runners import CompileSettings
 from inference.engine.kv.prefix_cache import PrefixCache
 from inference.engine_core.protocol import EngineSettings, Pair, StepReport
 
 logger = logging.getLogger(__name__)
 
 STEP_COST_EXPORT_EVERY = 200  # steps between two exports of the step-cost table (metrics.observe_step_costs)
+
+
+def compile_settings(settings: EngineSettings) -> CompileSettings:
+    """The engine's compile settings from the worker's."""
+    return CompileSettings(mode=settings.compile, store=Path(settings.compile_dir) if settings.compile_dir else None,
+                           kv_budget_mb=settings.kv_cache_mb)
 
 
 class LocalEngines:
@@ -44,7 +52,7 @@ class LocalEngines:
                 policy=SpeculationPolicy(enabled=settings.policy_enabled),
                 max_rows=settings.max_rows, prefill_chunk=settings.prefill_chunk or None,
                 prefill=settings.prefill_mode, dspark=dspark, pack_linear=settings.pack_linear,
-                prefix_cache=self.prefix_cache, prefix_namespace=pair)
+                prefix_cache=self.prefix_cache, prefix_namespace=pair, compile=compile_settings(settings))
             self.engines[pair] = engine
         engine.submit(request)
         self._pair_of[request.request_id] = pair

@@ -61,6 +61,9 @@ class EngineSettings:
     resident_models: int = 4
     prefix_cache_mb: int = 0  # the device's prefix cache (kv/prefix_cache.py); 0: off
     prefix_cache_block: int = 16
+    compile: str = "off"  # "auto": compiled forwards on static pools (engine/runner/); "off": eager
+    compile_dir: str = ""  # where compiled packages live ("": nothing compiled, static pools still used)
+    kv_cache_mb: int = 4096  # each model's preallocated KV pools (the compiled path)
 
 
 # -- front -> core --------------------------------------------------------------------------

@@ -73,7 +73,7 @@ from inference.engine.drafters.dspark.modeling import DSparkModel
 from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.kv.prefix_cache import PrefixCache
-from inference.engine.kv.ragged import RaggedCache
+from inference.engine.batch.runners import MAX_VERIFY_WIDTH, CompileSettings, ModelRunners
 from inference.engine.models.linear_kernels import prepare_kernels
 from inference.engine.models.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
 from inference.engine.models.modeling import context_length, logits_width
@@ -116,9 +116,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         prefix_cache: PrefixCache | None = None,
         prefix_namespace: Hashable | None = None,
         preemption: bool = True,
+        compile: CompileSettings | None = None,
     ) -> None:
         if isinstance(target, LoadedModel) and isinstance(draft, LoadedModel):
             check_pair_compatible(target, draft)
+        model_dirs = (getattr(target, "path", None), getattr(draft, "path", None))
         self.decode = decode or decode_of(target)
         self.tokenizer = getattr(target, "tokenizer", None)  # compiles a request's constraint
         target, draft = unwrap_model(target), unwrap_model(draft) if draft is not None else None
@@ -143,15 +145,21 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         self.draft_vocab = draft.get_input_embeddings().num_embeddings if draft is not None else 0
         self.draft_context = context_length(draft) if draft is not None else 0
         prepare_kernels(target, draft)  # measured now, not inside a timed forward
+        self.pack_linear = pack_linear
+        # the model runners of the static, compiled path (runner/), or None where a model runs
+        # eagerly on growing caches (kv/ragged.py)
+        self.runners = ModelRunners.build(compile or CompileSettings(), target, draft, model_dirs,
+                                          max_rows=max_rows, max_tokens=max(self.solo_prefill_chunk, MAX_VERIFY_WIDTH),
+                                          taps=dspark.dspark.target_layer_ids if dspark is not None else ())
+        self.target_cache = self.runners.new_cache(target, pack_linear)
+        self.draft_cache = self.runners.new_cache(draft, pack_linear) if draft is not None else None
+        if self.runners.target is not None:  # the rows the pool holds (its memory budget)
+            self.max_rows = min(self.max_rows, self.runners.target.pool_rows)
         if self.policy.enabled and not self.policy.target_costs.observations:
             # the policy's cost table, so the first step's depth rests on measured costs (a
             # policy handed in already measured keeps its own)
-            vocab = min(target.get_input_embeddings().num_embeddings, self.draft_vocab or self.vocab_width)
-            profile_step_costs(self.policy, target, draft, max_rows, self.context_length,
-                               self.draft_context, vocab)
-        self.pack_linear = pack_linear
-        self.target_cache = RaggedCache(target, packed=pack_linear)
-        self.draft_cache = RaggedCache(draft, packed=pack_linear) if draft is not None else None
+            self._profile_costs()
+        self._runner_loads = self.runners.loads()
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
@@ -165,6 +173,23 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
         self.forward_log: list[tuple[str, int, int, float]] = []  # kinds: see _log_forward
+
+    def _profile_costs(self) -> None:
+        vocab = min(self.target.get_input_embeddings().num_embeddings, self.draft_vocab or self.vocab_width)
+        profile_step_costs(self.policy, self.target, self.draft, self.max_rows, self.context_length,
+                           self.draft_context, vocab, self.runners.new_cache)
+
+    def _note_compiled_forwards(self) -> None:
+        """When a compiled forward replaced an eager one, the step costs the policy learned are
+        stale: start its cost models again from a fresh profile."""
+        self.runners.poll()
+        loads = self.runners.loads()
+        if loads != self._runner_loads:
+            self._runner_loads = loads
+            if self.policy.enabled:
+                self.policy.target_costs.reset()
+                self.policy.draft_costs.reset()
+                self._profile_costs()
 
     # -- admission ---------------------------------------------------------------------------
 
@@ -262,6 +287,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         wait for; they are then not returned."""
         events: list[RowEvent] = []
         self.last_step_timing = None
+        self._note_compiled_forwards()
         now = time.monotonic()
         for row in list(self.waiting):  # a preempted row, or one waiting for a row, may end there
             if row.request.request_id in self._cancelled:

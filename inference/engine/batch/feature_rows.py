@@ -29,6 +29,19 @@ from inference.engine.kv.ragged import RowInput
 from inference.engine.models.features import FeatureTap, tapped
 
 
+class RunnerTap:
+    """The features of the runner's last forward, where a `FeatureTap` would collect them."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+
+    def features(self) -> torch.Tensor:
+        """[rows, new_tokens, taps * hidden]"""
+        if self.runner.last_features is None:
+            raise RuntimeError("the forward returned no features")
+        return self.runner.last_features
+
+
 def reads_features(row: BatchRow) -> bool:
     return hasattr(row.drafter, "observe_target_features")
 
@@ -40,6 +53,9 @@ class FeatureRows:
     def _tapping(self, rows: list[BatchRow]) -> Iterator[FeatureTap | None]:
         """Capture the target's features during the forward inside, when a row in `rows` reads them."""
         layers = next((row.drafter.target_layer_ids for row in rows if reads_features(row)), None)
+        if layers and self.runners.target is not None:  # the static forward returns them (runner/)
+            yield RunnerTap(self.runners.target)
+            return
         with tapped(self.target, layers) as tap:
             yield tap
 

@@ -66,6 +66,13 @@ class ForwardCostModel:
         self._measured: dict[tuple[int, int], float] = {}
         self._dirty = 0
 
+    def reset(self) -> None:
+        """Forget every observation: the forwards changed (a compiled one replaced the eager one)."""
+        self._observations.clear()
+        self._coefficients = None
+        self._measured = {}
+        self._dirty = 0
+
     def observe(self, rows: int, tokens: int, seconds: float) -> None:
         if rows <= 0 or tokens <= 0 or seconds <= 0:
             return

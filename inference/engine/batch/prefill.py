@@ -24,7 +24,7 @@ import time
 from inference.engine.batch.rows import FINISH_ERROR, BatchRow, RowEvent
 from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.outputs import StepOutput
-from inference.engine.kv.ragged import RaggedCache, RowInput
+from inference.engine.kv.ragged import RowInput
 
 PREFILL_SHARED = "shared"
 PREFILL_SEPARATE = "separate"
@@ -42,8 +42,8 @@ class PrefillLane:
     def _init_prefill_lane(self) -> None:
         self.lane_rows: list[BatchRow] = []  # lane target cache row i is lane_rows[i]
         self.lane_draft_rows: list[BatchRow] = []  # lane draft cache row i is lane_draft_rows[i]
-        self.lane_target_cache = RaggedCache(self.target, packed=self.pack_linear)
-        self.lane_draft_cache = RaggedCache(self.draft, packed=self.pack_linear) if self.draft is not None else None
+        self.lane_target_cache = self.runners.new_cache(self.target, self.pack_linear)
+        self.lane_draft_cache = self.runners.new_cache(self.draft, self.pack_linear) if self.draft is not None else None
         self._lane_ready: list[BatchRow] = []  # this step's rows whose prompt is cached
 
     def _enter_lane(self, row: BatchRow) -> None:

@@ -19,6 +19,7 @@ batch is touched, and what a generation outputs does not depend on them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -38,27 +39,30 @@ PROFILE_ROWS = (1, 4)
 
 def profile_step_costs(policy: SpeculationPolicy, target: PreTrainedModel,
                        draft: PreTrainedModel | None, max_rows: int, context_length: int,
-                       draft_context_length: int, vocab: int) -> None:
+                       draft_context_length: int, vocab: int,
+                       new_cache: Callable[[PreTrainedModel], RaggedCache] = RaggedCache) -> None:
     """Time the forwards of a decode step and of the deepest verify (and the draft's chain
     forwards), and record them in `policy`'s cost models (see the module docstring)."""
     rows = sorted({min(count, max_rows) for count in PROFILE_ROWS})
     widths = sorted({1, policy.max_depth + 1})
     with torch.inference_mode():
-        _profile(policy.target_costs, target, rows, widths, context_length, vocab)
+        _profile(policy.target_costs, new_cache(target), rows, widths, context_length, vocab)
         if draft is not None:
-            _profile(policy.draft_costs, draft, rows, [1, 2], draft_context_length, vocab)
+            _profile(policy.draft_costs, new_cache(draft), rows, [1, 2], draft_context_length, vocab)
 
 
-def _profile(costs: ForwardCostModel, model: PreTrainedModel, rows: list[int], widths: list[int],
+def _profile(costs: ForwardCostModel, cache: RaggedCache, rows: list[int], widths: list[int],
              context_length: int, vocab: int) -> None:
+    """Time the shapes in `cache` (an empty batch cache of the model: its rows are left empty)."""
     widths = [width for width in widths if width < context_length]
     if not widths or vocab <= 0:
         return
     prefix = max(1, min(PROFILE_CONTEXT, context_length - max(widths)))
     # filler ids away from the special tokens low in most vocabularies
     filler = [(3 + index * 7) % vocab for index in range(prefix + max(widths))]
+    model = cache.model
     for count in rows:
-        cache = RaggedCache(model)
+        cache.keep_rows([])
         for _ in range(count):
             cache.add_row()
         cache.forward([RowInput(filler[:prefix], list(range(prefix)))] * count, logits="none")

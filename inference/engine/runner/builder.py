@@ -1,0 +1,104 @@
+"""Build a compiled forward in a process of its own, so compiling never blocks serving.
+
+    python -m inference.engine.runner.builder --model DIR --spec JSON --out PATH
+
+The engine core starts one per missing package (`BackgroundBuild`), at a lower priority, and
+goes on serving with the eager forward; the runner loads the package when the process has
+renamed it into place. The process loads the model from its directory like any worker does
+(no weights are written: a package holds code only, artifacts.py). Exit status 0 with the
+package written, else 1 with one line on stderr saying why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from inference.engine.runner.artifacts import GraphSpec, build_package
+
+#: niceness of a build process: serving keeps the CPU it needs
+BUILD_NICENESS = 10
+
+
+def _as_builder() -> None:
+    """In the child before it execs: a lower priority, and death with the thread that started it
+    (an engine core's main thread, or a batching loop's), so no build outlives its engine."""
+    os.nice(BUILD_NICENESS)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class BackgroundBuild:
+    """One builder process; `done()` says whether it has finished (and whether it succeeded)."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path) -> None:
+        self.out = out
+        self.started = time.monotonic()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / (out.name + ".log")
+        command = [sys.executable, "-m", "inference.engine.runner.builder", "--model", str(model_dir),
+                   "--dtype", str(dtype).removeprefix("torch."), "--spec", json.dumps(asdict(spec)), "--out", str(out)]
+        with open(self.log_path, "wb") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_as_builder,
+                                             cwd=Path(__file__).resolve().parents[3])
+
+    def done(self) -> bool:
+        return self._process.poll() is not None
+
+    @property
+    def succeeded(self) -> bool:
+        return self._process.poll() == 0 and self.out.exists()
+
+    def failure(self) -> str:
+        """The last line the process wrote (why it failed)."""
+        try:
+            lines = [line for line in self.log_path.read_text(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return "no log"
+        return lines[-1] if lines else f"exit status {self._process.poll()}"
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inference.engine.runner.builder",
+                                     description="Build one compiled forward (an AOTInductor package).")
+    parser.add_argument("--model", required=True, type=Path)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--spec", required=True, help="a GraphSpec as JSON")
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        fields = json.loads(args.spec)
+        spec = GraphSpec(**{**fields, "taps": tuple(fields.get("taps", ()))})
+        torch.set_num_threads(1)
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype),
+                                                     attn_implementation="sdpa").eval()
+        seconds = build_package(model, spec, args.out)
+    except Exception as error:  # one line for the runner's log; the traceback above it in the build's log
+        import traceback
+
+        traceback.print_exc()
+        print(f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", file=sys.stderr)
+        return 1
+    print(f"built {args.out.name} in {seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
