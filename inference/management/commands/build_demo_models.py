@@ -8,7 +8,9 @@ runs in the background). Progress goes to stdout (one line per phase and every
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -21,8 +23,17 @@ from inference.registry import DEMO_NAME, QUICK_PREFIX, RegistrationError
 
 
 def _interrupt_on_sigterm() -> None:
-    """SIGTERM (run.sh stopping) ends the build like Ctrl-C: recorded as interrupted, resumable."""
+    """SIGTERM (run.sh stopping) ends the build like Ctrl-C: recorded as interrupted, resumable.
+
+    What it prints from then on goes where its errors go (`make run`: var/log/demo-build.log), so
+    the terminal of a stopped `make run` shows that script's one line, not the build's too.
+    """
     def handler(signum, frame):
+        try:
+            sys.stdout.flush()
+            os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):  # streams without a file (captured): as they are
+            pass
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, handler)
