@@ -42,6 +42,9 @@ SETTINGS = (
     Setting("SPECOPS_COMPILE_DIR", Path, BASE_DIR / "var" / "compiled",
             "where compiled forwards are kept (keyed by architecture, shape bounds, torch version and device), "
             "so a restarted worker loads them in seconds"),
+    Setting("SPECOPS_COMPILE_BACKGROUND", bool, True,
+            "build a missing compiled forward in a background process while the eager forward serves (off: use "
+            "only the packages already in SPECOPS_COMPILE_DIR, e.g. built by `manage.py compile_models`)"),
     Setting("SPECOPS_KV_CACHE_MB", int, 4096,
             "memory one engine's preallocated KV pools may take per model (the compiled path): a pool holds "
             "SPECOPS_MAX_BATCH rows (rounded up to a power of two) of the model's context; fewer rows when it "

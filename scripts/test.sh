@@ -10,6 +10,10 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 export REDIS_URL=${TEST_REDIS_URL:-redis://127.0.0.1:6379/8}
 export SPECOPS_ARCHIVE_DIR=${TEST_ARCHIVE_DIR:-$PWD/var/test-archive}
 export SPECOPS_MODEL_DIR=${TEST_MODEL_DIR:-$PWD/var/test-models}
+# Workers run the static forward path but build no compiled forward in the background (a build is
+# minutes of both cores); the compile tests build their own packages.
+export SPECOPS_COMPILE_BACKGROUND=${TEST_COMPILE_BACKGROUND:-false}
+export SPECOPS_COMPILE_DIR=${TEST_COMPILE_DIR:-$PWD/var/test-compiled}
 # DEBUG stays off (the default, as in production); a key of the tests' own lets Django start,
 # and var/secret_key (a `make run` of this checkout) is not read.
 export SECRET_KEY=${TEST_SECRET_KEY:-test-only-secret-key-not-for-production-0123456789} SECRET_KEY_FILE=

@@ -27,7 +27,7 @@ STEP_COST_EXPORT_EVERY = 200  # steps between two exports of the step-cost table
 def compile_settings(settings: EngineSettings) -> CompileSettings:
     """The engine's compile settings from the worker's."""
     return CompileSettings(mode=settings.compile, store=Path(settings.compile_dir) if settings.compile_dir else None,
-                           kv_budget_mb=settings.kv_cache_mb)
+                           kv_budget_mb=settings.kv_cache_mb, background=settings.compile_background)
 
 
 class LocalEngines:

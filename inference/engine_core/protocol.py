@@ -64,6 +64,7 @@ class EngineSettings:
     compile: str = "off"  # "auto": compiled forwards on static pools (engine/runner/); "off": eager
     compile_dir: str = ""  # where compiled packages live ("": nothing compiled, static pools still used)
     kv_cache_mb: int = 4096  # each model's preallocated KV pools (the compiled path)
+    compile_background: bool = True  # build missing packages in builder processes
 
 
 # -- front -> core --------------------------------------------------------------------------

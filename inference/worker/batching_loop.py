@@ -75,7 +75,8 @@ class DeviceBatchLoop:
             prefill_mode=None if conf.PREFILL == "auto" else conf.PREFILL, pack_linear=conf.PACK_LINEAR,
             onednn_linear=conf.ONEDNN_LINEAR, resident_models=conf.RESIDENT_MODELS,
             prefix_cache_mb=conf.PREFIX_CACHE_MB, prefix_cache_block=conf.PREFIX_CACHE_BLOCK,
-            compile=conf.ENGINE_COMPILE, compile_dir=str(conf.COMPILE_DIR), kv_cache_mb=conf.KV_CACHE_MB)
+            compile=conf.ENGINE_COMPILE, compile_dir=str(conf.COMPILE_DIR), kv_cache_mb=conf.KV_CACHE_MB,
+            compile_background=conf.COMPILE_BACKGROUND)
         self.inbox: queue.Queue[SessionJob] = queue.Queue()
         self.jobs: dict[Hashable, SessionJob] = {}  # the loop thread's only
         self.recorder = BatchRecorder()
