@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Start SpecOps locally: static files, migrate, first operator, then web + workers + beat, while the demo models
-# build in the background: a quick pair serves within a minute, the full pair replaces it when
-# trained (progress here and on the admin dashboard). Ctrl-C stops all of them (the build resumes
-# next time). Called by `make run` after install and services.
+# build in the background: a quick pair serves first, the full pair replaces it when trained
+# (progress here and on the admin dashboard). Ctrl-C stops all of them and exits 0 (the build
+# resumes next time). Called by `make run` after install and services.
 set -euo pipefail
 # Bash cannot trap a signal that was ignored when it started, as SIGINT is for a command started
-# in the background (`make run &` in a script or CI): Ctrl-C or `kill -INT` then reached only the
-# Python children, which stopped, and this script took that for a crash. Start again with INT and
-# TERM at their defaults, so the traps below always hold.
+# in the background (`make run &` in a script or CI): Ctrl-C or `kill -INT` would then reach only
+# the Python children, which stop, and this script would take that for a crash. Start again with
+# INT and TERM at their defaults, so the traps below always hold.
 if [[ -z ${SPECOPS_RUN_SIGNALS:-} ]]; then
   SPECOPS_RUN_SIGNALS=default exec env --default-signal=INT,TERM "$0" "$@"
 fi
@@ -41,9 +41,11 @@ stop() {  # TERM to everything started here, then wait for all of it
   wait 2>/dev/null || true
 }
 stopped() {  # Ctrl-C (SIGINT to the whole process group) or SIGTERM: an ordinary end
+  local building=""
+  kill -0 "${build[@]}" 2>/dev/null && building="; the demo build resumes at the next make run"
   stop
   [[ -t 1 ]] && echo  # past the terminal's ^C
-  echo "SpecOps stopped: web, workers, beat and the demo build (the next make run resumes the build)."
+  echo "SpecOps stopped: web, workers and beat$building."
   exit 0
 }
 trap stopped INT TERM
@@ -64,13 +66,12 @@ died() {  # died PID STATUS: a platform process ended without being told to; sto
 
 # One process collects the static files (then writes var/static-collected), migrates, creates the
 # first operator (its credentials are printed once) and schedules the partition jobs, then writes
-# var/prepared and goes on in the
-# background with the demo models: the quick pair (demo:quick-N), built in well under a minute
-# and promoted when nothing else serves, then the full pair (demo:seedN), trained at a lower
-# priority and promoted over it. OMP_WAIT_POLICY=PASSIVE: torch's threads sleep instead of
-# spinning while they wait for each other, which on a busy machine made two threads slower than
-# one (measured: a training step 14 s spinning, 8 s passive; about the same when idle). Progress lines
-# come here; errors and tqdm bars go to var/log/demo-build.log.
+# var/prepared and goes on in the background with the demo models: the quick pair (demo:quick-N),
+# built in well under a minute and promoted when nothing else serves, then the full pair
+# (demo:seedN), trained at a lower priority and promoted over it. OMP_WAIT_POLICY=PASSIVE: torch's
+# threads sleep instead of spinning while they wait for each other, which on a busy machine made
+# two threads slower than one (measured: a training step 14 s spinning, 8 s passive; about the
+# same when idle). Progress lines come here; errors and tqdm bars go to var/log/demo-build.log.
 rm -f var/static-collected var/prepared var/serving
 OMP_WAIT_POLICY=PASSIVE $PY manage.py prepare_run --static-file var/static-collected --ready-file var/prepared \
   --then-build-demo-models --serving-file var/serving 2>var/log/demo-build.log &
@@ -120,8 +121,8 @@ for ((i = 0; i < gpus; i++)); do
 done
 
 # The web starts once the static files are collected (the first thing prepare_run does): WhiteNoise
-# indexes STATIC_ROOT when a web process starts, and a web started before them served the admin
-# unstyled until restarted. Its imports then take most of a minute, while the database migrates
+# indexes STATIC_ROOT when a web process starts, and a web started before them serves the admin
+# unstyled until it is restarted. Its imports then take most of a minute, while the database migrates
 # and the quick pair builds; it touches no table until a request comes.
 # ASGI (uvicorn workers): an open SSE stream holds no thread, so streams cannot stall the API.
 # Keep-alive 75 s, not gunicorn's 2 s: a client that pauses a little over 2 s between calls (the

@@ -47,7 +47,7 @@ def test_a_directory_removed_under_a_running_worker(api_client, tenant, tiny_mod
 
     refused = api_client.post(REST, {"model": "gone", "prompt": "def f():", "max_new_tokens": 8}, format="json")
     assert refused.status_code == 503, refused.content
-    assert f"model 'gone' is unavailable" in refused.json()["detail"] and str(gone_target) in refused.json()["detail"]
+    assert "model 'gone' is unavailable" in refused.json()["detail"] and str(gone_target) in refused.json()["detail"]
 
     # a session of a version the worker never loaded (enqueued before its files went): failed, with the reason
     lost_session = Session.objects.create(tenant=tenant, target=lost, drafter="ngram", queue="cpu", prompt="x",
