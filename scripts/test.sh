@@ -26,7 +26,7 @@ export SPECOPS_THROTTLE_GENERATION_RATE=${TEST_THROTTLE_RATE:-100000/min}
 # or databases on this machine share /tmp/pytest-of-$USER otherwise, and one run's clean-up of
 # "old" numbered folders took another run's folder away mid-run (its workers' logs with it).
 url_db=${DATABASE_URL:-specops}; url_db=${url_db%%\?*}; url_db=${url_db##*/}
-export PYTEST_DEBUG_TEMPROOT=${TEST_TMP_ROOT:-${TMPDIR:-/tmp}/specops-pytest-$url_db}
+export PYTEST_DEBUG_TEMPROOT=${TEST_TMP_ROOT:-/tmp/specops-pytest-$url_db}
 mkdir -p "$PYTEST_DEBUG_TEMPROOT"
 # The plugin must be importable before pytest-django reads the settings (it sets each xdist
 # worker's environment), so the checkout goes on the path.

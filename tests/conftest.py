@@ -16,26 +16,61 @@ from metadata.models import Tenant, TenantMembership
 from metadata.replicas import lsn
 
 
+SEED_SCHEMA = "test_seed"
+_seeded_tables: dict[str, list[str]] = {}  # database alias -> tables with rows right after migrate
+
+
 def _flush_by_delete(truncating_sql_flush):
-    """Django's flush (after every transactional test) as DELETEs in one transaction, not TRUNCATE.
+    """Django's flush (after every transactional test) as DELETEs in one transaction, not TRUNCATE,
+    and the rows migrations wrote put back.
 
     TRUNCATE gives every table and index a new file: ~2 s a test here, most of a transactional
     test's time. Each TRUNCATE also takes an ACCESS EXCLUSIVE lock that the replica must take
     to replay it, so the replica's replay (one process for every database of the server) waits
     behind any replica reader of that table, up to max_standby_streaming_delay. A DELETE of the
     few rows a test left takes milliseconds and needs no such lock. Foreign keys are deferred
-    (Django declares them DEFERRABLE), so the order of the tables does not matter."""
+    (Django declares them DEFERRABLE), so the order of the tables does not matter.
+
+    Rows written by migrations (beat jobs, permissions, content types) are restored from the copy
+    ``django_db_setup`` took after migrate: in one process pytest-django runs every transactional test
+    after the others, but an xdist worker runs whole files in turn, and a test that reads a
+    migration's rows ran after another file's flush had removed them."""
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
         if reset_sequences or not tables:
             return truncating_sql_flush(self, style, tables, reset_sequences=reset_sequences,
                                         allow_cascade=allow_cascade)
-        return ["SET CONSTRAINTS ALL DEFERRED", *(f"DELETE FROM {self.quote_name(table)}" for table in tables)]
+        seeded = [table for table in _seeded_tables.get(self.connection.alias, []) if table in tables]
+        return ["SET CONSTRAINTS ALL DEFERRED",
+                *(f"DELETE FROM {self.quote_name(table)}" for table in tables),
+                *(f"INSERT INTO {self.quote_name(table)} SELECT * FROM {SEED_SCHEMA}.{self.quote_name(table)}"
+                  for table in seeded)]
 
     return sql_flush
 
 
 PostgresOperations.sql_flush = _flush_by_delete(PostgresOperations.sql_flush)
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker) -> None:
+    """pytest-django's test databases, then the seed copy: every table that has rows right after
+    migrate, copied to a schema of its own (out of sight of the tests' catalog queries) for the
+    flush to restore."""
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        tables = connection.introspection.django_table_names(only_existing=True, include_views=False)
+        cursor.execute(f"DROP SCHEMA IF EXISTS {SEED_SCHEMA} CASCADE")
+        cursor.execute(f"CREATE SCHEMA {SEED_SCHEMA}")
+        seeded = []
+        for table in sorted(tables):
+            quoted = connection.ops.quote_name(table)
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted})")
+            if cursor.fetchone()[0]:
+                cursor.execute(f"CREATE TABLE {SEED_SCHEMA}.{quoted} AS TABLE {quoted}")
+                seeded.append(table)
+    _seeded_tables[connection.alias] = seeded
 
 
 @pytest.fixture(autouse=True)
@@ -137,6 +172,15 @@ def tiny_model(db, tiny_model_dirs):
 
     target_dir, draft_dir = tiny_model_dirs
     return register_pair("tiny", "1", target_dir, draft_dir)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a test marked ``slow`` first (in their collected order, after pytest-django's
+    ordering): ``make test`` hands whole files to its xdist workers in this order, and a long file
+    started last kept one worker busy minutes after the others had finished."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 
 def pytest_unconfigure(config):
