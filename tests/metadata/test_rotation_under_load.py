@@ -152,10 +152,13 @@ def test_a_few_rotations_under_concurrent_writes_lose_and_duplicate_nothing(part
 
 
 @pytest.mark.slow
-def test_a_hundred_rotations_under_concurrent_writes(partitioned) -> None:
+def test_forty_rotations_under_concurrent_writes(partitioned) -> None:
     # Paced writers: saturated ones would only stretch the run (2 cores) without a new interleaving.
-    writers = rotate_under_load(rotations=100, threads=2, pause=0.01)
+    # Forty rotations take each day through made, written, drained, archived and dropped, forty
+    # times over, with every assertion of the hundred this once ran (14 minutes of a loaded suite).
+    rotations = 40
+    writers = rotate_under_load(rotations=rotations, threads=2, pause=0.01)
     assert_accounted("metadata_session", writers.sessions)
     token_jobs = assert_accounted("metadata_token", writers.tokens)
     assert_accounted("metadata_candidate", writers.candidates)
-    assert len(token_jobs) >= 97  # one day expires per rotation (plus drained far-ahead days)
+    assert len(token_jobs) >= rotations - 3  # one day expires per rotation (plus drained far-ahead days)
