@@ -32,6 +32,7 @@ PGB_LOG=/var/log/postgresql/pgbouncer-specops-$PGB_PORT.log
 PGB_PID=/run/postgresql/pgbouncer-specops-$PGB_PORT.pid
 STREAM_GRACE=${SPECOPS_REPLICA_GRACE_S:-15}   # seconds a started replica gets to stream
 REPLAY_WAIT=${SPECOPS_REPLAY_WAIT_S:-20}      # seconds to wait for a probe write to replay
+REPLAY_PATIENCE=${SPECOPS_REPLAY_PATIENCE_S:-300}  # in all, while replay moves on
 R_ETC=/etc/postgresql/$PGV/$REPLICA
 
 SERVICE=services REASON="" FAILED_AT="" DIED=""
@@ -211,7 +212,19 @@ replica_healthy() { # in recovery, same system, streaming, and replays a fresh w
     [[ $(qr "select pg_last_wal_replay_lsn() >= '$lsn'::pg_lsn") == t ]] &&
       [[ $(qr "select token from specops_replica_probe where id = 1") == "$token" ]]
   }
-  wait_for "$REPLAY_WAIT" replayed || { REASON="primary write at lsn $lsn not replayed within ${REPLAY_WAIT} s"; return 1; }
+  # A replica that replays, only behind (a burst of WAL, a busy machine), is waited for, never
+  # rebuilt under its readers: each wait that ends with replay further on earns another, up to
+  # REPLAY_PATIENCE seconds; a replay that stands still is broken.
+  local before after waited=0
+  before=$(qr "select pg_last_wal_replay_lsn()" 2>/dev/null) || before=""
+  until wait_for "$REPLAY_WAIT" replayed; do
+    waited=$((waited + REPLAY_WAIT))
+    after=$(qr "select pg_last_wal_replay_lsn()" 2>/dev/null) || after=""
+    if [[ -z $after || $after == "$before" ]] || ((waited >= REPLAY_PATIENCE)); then
+      REASON="primary write at lsn $lsn not replayed within $waited s (replay at ${after:-?})"; return 1
+    fi
+    before=$after
+  done
   REPLAY_LSN=$(qr "select pg_last_wal_replay_lsn()")
 }
 
