@@ -15,7 +15,12 @@ vLLM's `--max-concurrency`), by:
                    has a DSpark checkpoint, and auto, where the policy picks); spec_batch is the
                    best of them at that concurrency;
   (d) hf_static    Hugging Face `model.generate` on left-padded batches of c prompts, one
-                   batch after another (static batching), the outside reference.
+                   batch after another (static batching), the outside reference;
+  (e) hf_compiled  (c = 1) transformers' own StaticCache + torch.compile greedy loop
+                   (bench/hf_compiled.py), the outside reference for a compiled decode.
+The batched methods run on both forward paths (bench/serving_paths.py): the compiled one under
+their names (plain_batch, spec_*: whole-model compiled forwards on static KV pools, the
+packages built before timing, into --compile-dir) and the eager one as `<name>_eager`.
 Aggregate tok/s = all tokens / wall time; TTFT = time from arrival to a request's first token;
 ITL = per-token gap between a request's streamed steps (vLLM's definition; HF static gives
 only its total, so its TTFT/ITL columns are empty). Then end to end through the API with a
@@ -31,6 +36,13 @@ RESULT batch8_over_sequential=<x> spec_over_plain_batch1=<x> spec_over_plain_bat
        ours_over_hf_batch8=<x> greedy_identical_batched=<bool> api_concurrency8_over_1=<x>
        spec_over_plain_batch16=<x> dspark_tau_over_chain_t1=<x>
        api_over_engine_batch1=<x> api_over_engine_batch8=<x>
+       compiled_over_eager_plain_c1=<x> compiled_over_eager_spec_c1=<x> compiled_over_eager_spec_c8=<x>
+       ours_plain_c1_over_hf_compiled=<x> worker_ready_s_cached=<s>
+compiled_over_eager_*: the compiled path's tok/s over the eager path's, same method and c;
+greedy_identical_batched: every compiled run equals the compiled target's own greedy output
+(plain decoding one request at a time) and every eager run the one-at-a-time decoder's;
+worker_ready_s_cached: an engine-core process from its start to its first compiled step with
+the packages built (bench/worker_ready.py).
 api_over_engine_batchC: the API's tok/s at c concurrent over the batched engine's own on the same
 workload in this process (its torch threads those of the worker, OMP_NUM_THREADS, default 1).
 dspark_tau_over_chain_t1: DSpark's accepted length (bonus token included) over the draft-model
@@ -61,6 +73,13 @@ from inference.engine.batch.policy import SpeculationPolicy  # noqa: E402
 from inference.worker.metrics import inter_token_gaps  # noqa: E402
 from bench.closed_loop import Run, percentile, run_batched  # noqa: E402
 from bench.common import ADMIN_URL, load_demo_pair, require_demo_pair  # noqa: E402
+from bench.serving_paths import (  # noqa: E402
+    COMPILED_SUFFIX,
+    EAGER_SUFFIX,
+    compiled_engine,
+    run_hf_compiled,
+    worker_ready_seconds,
+)
 
 NO_EOS = ()
 
@@ -141,20 +160,29 @@ def dspark_tau_over_chain(target, draft, dspark, prompts, max_new_tokens: int) -
 
 def engine_table(args, target, draft, tokenizer, prompts, dspark=None
                  ) -> tuple[dict[tuple[str, int], Run], list[float]]:
+    """Every method at every concurrency; the batched ones on both forward paths (serving_paths.py):
+    compiled under their own names, eager with `_eager` appended."""
     generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=NO_EOS)
     policy = SpeculationPolicy(max_depth=8)
     prefill = None if args.prefill == "auto" else args.prefill
-    spec_engine = BatchedSpeculativeEngine(target, draft, decode=tokenizer.decode, policy=policy,
-                                           max_rows=max(args.concurrency), prefill=prefill, dspark=dspark,
-                                           pack_linear=args.pack_linear)
+    options = dict(decode=tokenizer.decode, max_rows=max(args.concurrency), prefill=prefill)
+    spec_engine, spec_seconds = compiled_engine(target, draft, args.compile_dir, policy=policy, dspark=dspark,
+                                                **options)
+    plain_engine, plain_seconds = compiled_engine(target, draft, args.compile_dir, **options)
+    print(f"  compiled forwards ready in {spec_seconds + plain_seconds:.1f} s "
+          f"(built now, or found in {args.compile_dir})", flush=True)
+    eager_policy = SpeculationPolicy(max_depth=8)
+    eager_spec = BatchedSpeculativeEngine(target, draft, policy=eager_policy, dspark=dspark,
+                                          pack_linear=args.pack_linear, **options)
+    eager_plain = BatchedSpeculativeEngine(target, draft, **options)
+    engines = {COMPILED_SUFFIX: (plain_engine, spec_engine), EAGER_SUFFIX: (eager_plain, eager_spec)}
     drafters = spec_drafters(args, dspark)
-    plain_engine = BatchedSpeculativeEngine(target, draft, decode=tokenizer.decode,
-                                            max_rows=max(args.concurrency), prefill=prefill)
     # warm-up: every method once at a small batch, and the policy's cost model on real shapes
     warm = [prompts[0], prompts[1 % len(prompts)]]
-    for drafter in drafters:
-        run_batched("warm", spec_engine, warm * 4, generation, drafter, args.gamma)
-    run_batched("warm", plain_engine, warm, generation, "none", args.gamma)
+    for plain, spec in engines.values():
+        for drafter in drafters:
+            run_batched("warm", spec, warm * 4, generation, drafter, args.gamma)
+        run_batched("warm", plain, warm, generation, "none", args.gamma)
     run_sequential(target, draft, warm[:1], GenerationConfig(max_new_tokens=8, eos_token_id=NO_EOS),
                    args.gamma)
     run_hf_static(target, tokenizer, warm, 8)
@@ -165,13 +193,14 @@ def engine_table(args, target, draft, tokenizer, prompts, dspark=None
         for _ in range(args.repeats):  # methods interleaved so load drifts hit them alike
             candidates = {
                 "sequential": lambda: run_sequential(target, draft, batch, generation, args.gamma, c),
-                "plain_batch": lambda: run_batched("plain_batch", plain_engine, batch, generation,
-                                                   "none", args.gamma, c),
                 "hf_static": lambda: run_hf_static(target, tokenizer, batch, args.max_new_tokens, c),
             }
-            for drafter in drafters:
-                candidates[f"spec_{drafter}"] = (lambda drafter=drafter: run_batched(
-                    f"spec_{drafter}", spec_engine, batch, generation, drafter, args.gamma, c))
+            for suffix, (plain, spec) in engines.items():
+                candidates[f"plain_batch{suffix}"] = (lambda plain=plain, suffix=suffix: run_batched(
+                    f"plain_batch{suffix}", plain, batch, generation, "none", args.gamma, c))
+                for drafter in drafters:
+                    candidates[f"spec_{drafter}{suffix}"] = (lambda drafter=drafter, spec=spec, suffix=suffix: run_batched(
+                        f"spec_{drafter}{suffix}", spec, batch, generation, drafter, args.gamma, c))
             for name, measure in candidates.items():
                 if name == "sequential" and c > args.sequential_max:
                     continue
@@ -179,12 +208,18 @@ def engine_table(args, target, draft, tokenizer, prompts, dspark=None
                 best = runs.get((name, c))
                 if best is None or run.tokens_per_second > best.tokens_per_second:
                     runs[(name, c)] = run
-        best = max((runs[(f"spec_{drafter}", c)] for drafter in drafters), key=lambda run: run.tokens_per_second)
-        runs[("spec_batch", c)] = best
-        print(f"  c={c}: " + ", ".join(f"{name} {runs[(name, c)].tokens_per_second:.0f} tok/s"
-                                       for name in ("sequential", "plain_batch", *(f"spec_{d}" for d in drafters),
-                                                    "hf_static") if (name, c) in runs)
-              + f"; spec_batch = {best.method}", flush=True)
+        for suffix in engines:
+            best = max((runs[(f"spec_{drafter}{suffix}", c)] for drafter in drafters),
+                       key=lambda run: run.tokens_per_second)
+            runs[(f"spec_batch{suffix}", c)] = best
+        print(f"  c={c}: " + ", ".join(f"{name} {run.tokens_per_second:.0f} tok/s"
+                                       for (name, at), run in runs.items() if at == c and not name.startswith("spec_batch"))
+              + f"; spec_batch = {runs[('spec_batch', c)].method}, eager {runs[('spec_batch' + EAGER_SUFFIX, c)].method}",
+              flush=True)
+    if 1 in args.concurrency:
+        runs[("hf_compiled", 1)] = run_hf_compiled(target, prompts[:max(1, min(len(prompts), args.requests))],
+                                                   args.max_new_tokens)
+        print(f"  hf_compiled c=1: {runs[('hf_compiled', 1)].tokens_per_second:.0f} tok/s", flush=True)
     rates = {kind: [round(t.rate(i), 2) for i in range(4)] for kind, t in policy.acceptance.items()}
     print(f"  policy: acceptance by position {rates}", flush=True)
     tracker = policy.acceptance.get("draft_model")
@@ -205,16 +240,29 @@ def print_table(runs: dict[tuple[str, int], Run]) -> None:
 
 
 def greedy_identical(runs: dict[tuple[str, int], Run], reference: dict[int, list[int]],
-                     prompts_for) -> bool:
-    """Every batched output equals the same prompt's output from the one-at-a-time decoder."""
+                     compiled_reference: dict[int, list[int]], prompts_for) -> bool:
+    """Every batched output equals the same prompt's greedy output of the same target: the eager
+    runs the one-at-a-time decoder's, the compiled runs the compiled target's own (plain
+    decoding, one request at a time)."""
+    identical = True
     for (name, c), run in runs.items():
-        if name != "plain_batch" and not name.startswith("spec_"):
+        if not (name.startswith("plain_batch") or name.startswith("spec_")):
             continue
+        expected = reference if name.endswith(EAGER_SUFFIX) else compiled_reference
         for index, output in enumerate(run.outputs):
-            if output != reference[prompts_for(index)]:
+            if output != expected[prompts_for(index)]:
                 print(f"  MISMATCH {name} c={c} request {index}", flush=True)
-                return False
-    return True
+                identical = False
+                break
+    return identical
+
+
+def compiled_greedy_reference(args, target, draft, tokenizer, prompts, count: int) -> dict[int, list[int]]:
+    """The compiled target's own greedy output per prompt: plain decoding, one request at a time."""
+    engine, _ = compiled_engine(target, draft, args.compile_dir, decode=tokenizer.decode, max_rows=max(args.concurrency))
+    generation = GenerationConfig(max_new_tokens=args.max_new_tokens, eos_token_id=NO_EOS)
+    run = run_batched("reference", engine, prompts[:count], generation, "none", args.gamma, 1)
+    return dict(enumerate(run.outputs))
 
 
 def print_ceiling(args, target, draft, acceptance: list[float], sequential_tps: float, hf_tps: float) -> None:
@@ -258,6 +306,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dspark", help="DSpark checkpoint (default: MODEL_DIR/demo-target-dspark)")
     parser.add_argument("--pack-linear", action="store_true",
                         help="spec_batch's engine packs its linear layers (SPECOPS_PACK_LINEAR)")
+    parser.add_argument("--compile-dir", type=Path, default=ROOT / "var" / "compiled",
+                        help="where the compiled forwards are built and found (SPECOPS_COMPILE_DIR of the workers)")
     parser.add_argument("--api-only", action="store_true",
                         help="the API figures only (c=1 and c=8; no engine table, no RESULT line)")
     parser.add_argument("--api-requests", type=int, default=16)
@@ -333,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         extra = run_sequential(target.model, draft.model, [prompts[i] for i in missing], generation,
                                args.gamma)
         reference.update(dict(zip(missing, extra.outputs)))
-    identical = greedy_identical(runs, reference, lambda index: index % len(prompts))
+    compiled_reference = compiled_greedy_reference(args, target.model, draft.model, tokenizer, prompts,
+                                                   min(len(prompts), served))
+    identical = greedy_identical(runs, reference, compiled_reference, lambda index: index % len(prompts))
 
     def tps(name, c):
         run = runs.get((name, c))
@@ -344,6 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     api = {"api_concurrency8_over_1": float("nan")}
     if not args.skip_api:
         api = measure_api(model_dir, args, target, draft)
+    compiled = {
+        "compiled_over_eager_plain_c1": tps("plain_batch", 1) / tps("plain_batch" + EAGER_SUFFIX, 1),
+        "compiled_over_eager_spec_c1": tps("spec_batch", 1) / tps("spec_batch" + EAGER_SUFFIX, 1),
+        "compiled_over_eager_spec_c8": tps("spec_batch", 8) / tps("spec_batch" + EAGER_SUFFIX, 8),
+        "ours_plain_c1_over_hf_compiled": tps("plain_batch", 1) / tps("hf_compiled", 1),
+        "worker_ready_s_cached": worker_ready_seconds(model_dir, args.compile_dir, args.threads or 1),
+    }
     print(f"RESULT batch8_over_sequential={tps('spec_batch', 8) / tps('sequential', 8):.2f} "
           f"spec_over_plain_batch1={tps('spec_batch', 1) / tps('plain_batch', 1):.2f} "
           f"spec_over_plain_batch8={tps('spec_batch', 8) / tps('plain_batch', 8):.2f} "
@@ -353,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f" spec_over_plain_batch16={tps('spec_batch', 16) / tps('plain_batch', 16):.2f}"
              if 16 in args.concurrency else "")
           + (f" dspark_tau_over_chain_t1={dspark_tau_over_chain(target.model, draft.model, dspark, prompts[:8], args.max_new_tokens):.2f}"
-             if dspark is not None else ""))
+             if dspark is not None else "")
+          + " " + " ".join(f"{key}={value:.2f}" for key, value in compiled.items()))
     return 0
 
 

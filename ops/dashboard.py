@@ -20,7 +20,7 @@ from core import histograms
 from core.charts import PALETTE, Reference, Series, bar_chart, line_chart
 from core.conf import conf
 from inference.models import ModelVersion, VersionStatus
-from inference.worker import prefix_cache_reading
+from inference.worker import compile_reading, prefix_cache_reading
 from inference.worker.metrics import ITL_SLO_SECONDS, TTFT_SLO_SECONDS
 from metadata.models import (
     LIVE_STATUSES,
@@ -295,6 +295,15 @@ def prefix_cache_charts(live: RollupWindow) -> dict:
             "prefix_devices": devices}
 
 
+def compiled_forwards() -> dict:
+    """Each live device's models: compiled, still compiling or eager (and why), and the forwards
+    each path ran (from the devices' Redis readings, inference/worker/compile_reading.py)."""
+    try:
+        return {"compiled_devices": compile_reading.readings()}
+    except Exception:  # Redis down: the table says it cannot read
+        return {"compiled_devices": None}
+
+
 def latest_samples(live: RollupWindow, series: str) -> list[tuple[str, float]]:
     out = []
     for key in live.keys(series):
@@ -342,6 +351,7 @@ def dashboard_context(now: datetime | None = None) -> dict:
         **acceptance_charts(live, day),
         **cache_and_replica_charts(live),
         **prefix_cache_charts(live),
+        **compiled_forwards(),
         "default_rows": latest_samples(live, "default_rows"),
         "archival_jobs": archival_progress(),
         "active_models": ModelVersion.objects.filter(status=VersionStatus.ACTIVE).order_by("name", "role"),

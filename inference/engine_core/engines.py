@@ -49,7 +49,11 @@ class LocalEngines:
             # LoadedModels: the engine checks that the pair shares a tokenizer and EOS
             engine = BatchedSpeculativeEngine(
                 target, draft, decode=target.tokenizer.decode,
-                policy=SpeculationPolicy(enabled=settings.policy_enabled),
+                # the confidence scheduler decides from the drafts' values as they are drawn (reads of
+                # the device at every position): on a GPU, where a verify's width is nearly free,
+                # the fixed-depth policy's one-read steps (batch/device_step.py) pay more
+                policy=SpeculationPolicy(enabled=settings.policy_enabled,
+                                         confidence_scheduling=target.model.device.type != "cuda"),
                 max_rows=settings.max_rows, prefill_chunk=settings.prefill_chunk or None,
                 prefill=settings.prefill_mode, dspark=dspark, pack_linear=settings.pack_linear,
                 prefix_cache=self.prefix_cache, prefix_namespace=pair, compile=compile_settings(settings))
@@ -97,7 +101,8 @@ class LocalEngines:
         self._forget_finished(events)
         report = StepReport(pair, events, list(engine.forward_log), timing=engine.last_step_timing,
                             steps=getattr(engine, "steps", 0), seconds=time.perf_counter() - started,
-                            prefix_cache=replace(self.prefix_cache.stats) if self.prefix_cache.enabled else None)
+                            prefix_cache=replace(self.prefix_cache.stats) if self.prefix_cache.enabled else None,
+                            runners=engine.runners.snapshot() or None)
         engine.forward_log.clear()
         if engine.last_decision is not None:
             report.decision_depth = engine.last_decision.depth

@@ -147,6 +147,7 @@ class StepReport:
     failure: str = ""
     prefix_cache: PrefixCacheStats | None = None  # the device's prefix cache after the step (a copy)
     early: bool = False  # the step's newcomers' first tokens, sent before its decode forward (no costs)
+    runners: dict | None = None  # the engine's model runners' stats by role (engine/runner/), totals so far
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from inference.engine_core.client import CoreClient, CoreRestarted, RemoteCorpor
 from inference.engine_core.engines import LocalEngines
 from inference.engine_core.protocol import EngineSettings, Refused, StepReport
 from inference import affinity
-from inference.worker import metrics, prefix_cache_reading, suffix_feed
+from inference.worker import compile_reading, metrics, prefix_cache_reading, suffix_feed
 from inference.worker.fencing import SUPERSEDED, renew_leases
 from inference.worker.batch_output import BatchOutput
 from inference.worker.lifecycle import session_end
@@ -311,6 +311,9 @@ class DeviceBatchLoop:
         if report.prefix_cache is not None:
             metrics.observe_prefix_cache(report.prefix_cache)
             prefix_cache_reading.publish(report.prefix_cache)
+        if report.runners:
+            metrics.observe_runners(pair, report.runners)
+            compile_reading.publish(pair, report.runners)
         if tracing.enabled():
             self._trace_step(report)
         self._record(report.events)

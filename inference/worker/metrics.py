@@ -383,3 +383,43 @@ def observe_generation(drafter: str, status: str, seconds: float, stats: dict | 
         DRAFTED_TOKENS.labels(drafter).inc(drafted)
         ACCEPTED_TOKENS.labels(drafter).inc(stats.get("accepted", 0))
         ACCEPTANCE_RATE.labels(drafter).observe(stats.get("accepted", 0) / drafted)
+
+
+ENGINE_FORWARDS = Counter("specops_engine_forwards_total",
+                          "Model forwards by the path that ran them: compiled (a whole-model compiled package, "
+                          "inference/engine/runner/) or eager (before it is built, or a model that does not compile).",
+                          ["role", "path"])
+COMPILE_SECONDS = Counter("specops_engine_compile_seconds_total",
+                          "Seconds spent building compiled forwards (builder processes, or in the engine core).",
+                          ["role"])
+COMPILE_PACKAGES = Counter("specops_engine_compile_packages_total",
+                           "Compiled forwards wanted by an engine: found built (hit) or built for it (miss).",
+                           ["role", "outcome"])
+ENGINE_COMPILED = Gauge("specops_engine_compiled",
+                        "1 while a model's verify forward runs compiled, 0 while it runs eagerly.",
+                        ["role"], multiprocess_mode="livemax")
+_runners_seen: dict[tuple, object] = {}  # each engine's runner stats at the last report
+
+
+def observe_runners(pair, runners: dict[str, object]) -> None:
+    """Export the model runners' stats of one engine (`RunnerStats` by role, cumulative in the core;
+    a new engine or a restarted core starts again from 0, so a total that went down counts from 0)."""
+    for role, stats in runners.items():
+        last = _runners_seen.get((pair, role))
+
+        def delta(value: float, previous: float) -> float:
+            return value - previous if value >= previous else value
+
+        for path, count in stats.forwards.items():
+            moved = delta(count, last.forwards.get(path, 0) if last is not None else 0)
+            if moved:
+                ENGINE_FORWARDS.labels(role, path).inc(moved)
+        for outcome, value, previous in (("hit", stats.cache_hits, last.cache_hits if last else 0),
+                                         ("miss", stats.cache_misses, last.cache_misses if last else 0)):
+            if delta(value, previous):
+                COMPILE_PACKAGES.labels(role, outcome).inc(delta(value, previous))
+        seconds = delta(stats.compile_seconds, last.compile_seconds if last else 0.0)
+        if seconds > 0:
+            COMPILE_SECONDS.labels(role).inc(seconds)
+        ENGINE_COMPILED.labels(role).set(1 if "all" in stats.compiled_kinds else 0)
+        _runners_seen[(pair, role)] = stats

@@ -55,12 +55,20 @@ def primary_route(floor: int = lsn.NO_LSN) -> ReadRoute:
     return ReadRoute(lsn.PRIMARY_ALIAS, max(replica_health().snapshot().primary_lsn, floor))
 
 
+# Apps whose rows a browser reads right after writing them in another request, which carries no
+# LSN floor (a sign-in writes its login session, the redirect reads it): read on the primary, so
+# a replica that has not replayed the sign-in never sends its user back to the sign-in page.
+PRIMARY_ONLY_APPS = frozenset({"sessions"})
+
+
 class ReplicaRouter:
     """Django database router: see the module docstring."""
 
     def db_for_read(self, model, **hints) -> str:
         instance = hints.get("instance")
-        if instance is not None and instance._state.db == lsn.PRIMARY_ALIAS:
+        if model._meta.app_label in PRIMARY_ONLY_APPS:
+            alias = lsn.PRIMARY_ALIAS
+        elif instance is not None and instance._state.db == lsn.PRIMARY_ALIAS:
             # Relations of a row read from (or written to) the primary are read there too: a
             # replica may not hold the rows that row points to yet.
             alias = lsn.PRIMARY_ALIAS

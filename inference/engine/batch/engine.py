@@ -45,6 +45,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.device_step import DeviceStep
 from inference.engine.batch.fair_admission import FairRows, group_of
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
@@ -82,8 +83,8 @@ from inference.engine.outputs import GenerationResult, StepOutput
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
-class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, ConfidenceScheduling, FeatureRows,
-                               PrefixReuse, FairRows):
+class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, PrefillLane, ConfidenceScheduling,
+                               FeatureRows, PrefixReuse, FairRows):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -343,11 +344,14 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, PrefillLane, Conf
         rows = len(self.rows)
         with torch.inference_mode():
             depth = self._choose_depth()
-            trees, draft_seconds = self._draft(depth)
-            if self.scheduling:
-                trees = self._schedule(trees, time.perf_counter() - step_started)
-                depth = max((tree.max_depth for tree in trees), default=0)
-            results = self._verify(trees)
+            if self._device_step_possible():  # one read of the device for the whole step (device_step.py)
+                trees, results, draft_seconds = self._device_step(depth)
+            else:
+                trees, draft_seconds = self._draft(depth)
+                if self.scheduling:
+                    trees = self._schedule(trees, time.perf_counter() - step_started)
+                    depth = max((tree.max_depth for tree in trees), default=0)
+                results = self._verify(trees)
         step_seconds = time.perf_counter() - step_started
         self.last_step_timing = StepTiming(started_ns, draft_seconds, step_seconds - draft_seconds,
                                            rows, self.steps, prefill_seconds)

@@ -22,7 +22,7 @@ from inference.engine.kv.static_ragged import StaticRaggedCache
 from inference.engine.models.modeling import context_length
 from inference.engine.runner.buckets import ShapeBuckets
 from inference.engine.runner.kv_pool import PoolShape, pool_rows_within
-from inference.engine.runner.model_runner import COMPILE_AUTO, COMPILE_MODES, COMPILE_OFF, ModelRunner
+from inference.engine.runner.model_runner import COMPILE_AUTO, COMPILE_MODES, COMPILE_OFF, ModelRunner, RunnerStats
 from inference.engine.runner.static_forward import static_forward_refusal
 
 logger = logging.getLogger(__name__)
@@ -104,6 +104,11 @@ class ModelRunners:
     def poll(self) -> None:
         for runner in self.all():
             runner.poll()
+
+    def snapshot(self) -> dict[str, RunnerStats]:
+        """Each runner's stats (copies), by role: what a step report carries to the worker's metrics."""
+        return {role: runner.stats.copy() for role, runner in (("target", self.target), ("draft", self.draft))
+                if runner is not None}
 
     def all(self) -> list[ModelRunner]:
         return [runner for runner in (self.target, self.draft) if runner is not None]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.decode.chain_verify import sampled_chain_verdict
 from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.decode.sampling import sample_token, uniform
 
@@ -101,7 +102,15 @@ def verify_sampling(
     target_probs: torch.Tensor,
     generator: torch.Generator | None,
 ) -> VerifyResult:
-    """Accept a path so that the emitted tokens follow the target's distribution exactly."""
+    """Accept a path so that the emitted tokens follow the target's distribution exactly.
+
+    A chain goes through chain_verify.py (its draws in one fixed order, whichever path verifies
+    it: a batched step's device verdicts give the same tokens); a tree with siblings here.
+    """
+    if tree.is_chain:
+        draft = torch.tensor(tree.token_ids, dtype=torch.long, device=target_probs.device)
+        accepted_count, next_token = sampled_chain_verdict(draft, target_probs, tree.draft_probs, generator).tolist()
+        return VerifyResult(list(range(accepted_count)), next_token)
     accepted: list[int] = []
     row = 0
     while True:

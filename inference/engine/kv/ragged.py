@@ -52,6 +52,7 @@ class RaggedCache:
         self.slots = torch.zeros(0, 0, dtype=torch.bool)
         # the slot index of the first token the last forward appended
         self.last_start = 0
+        self.last_logits: torch.Tensor | None = None  # [rows, T, vocab] of the last forward
 
     @property
     def rows(self) -> int:
@@ -265,12 +266,16 @@ class RaggedCache:
                 and item.positions == list(range(self.width, self.width + len(item.token_ids)))
                 and bool(self.slots.all()))
 
-    def forward(self, inputs: list[RowInput], logits: str = "all") -> list[torch.Tensor]:
+    def forward(self, inputs: list[RowInput], logits: str = "all",
+                device_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Run every row's new tokens in one forward; return each row's logits, [new, vocab].
 
         Every row gains T = max(new tokens) slots; a row's slots beyond its own tokens are holes.
         logits="last": each row's after its last new token only, [1, vocab] (a row with no new
         token gets a meaningless row); "none": the cache is filled, no logits computed or returned.
+        device_ids: [rows, T] the token ids, already on the model's device (drafts drawn there:
+        batch/device_step.py); the inputs' own ids only say how many each row feeds.
+        `last_logits` keeps the whole [rows, T, vocab] of an "all" forward.
         """
         if len(inputs) != self.rows:
             raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
@@ -293,10 +298,13 @@ class RaggedCache:
         if mask is not None and model_attention_layout(self.model).sliding:
             # a sliding window counts positions, not slots: a slot's is its rank in the row
             options["key_positions"] = (self.slots.cumsum(dim=1) - 1).to(device)
+        if device_ids is not None:
+            input_ids = device_ids
         output = forward_batch_logits(self.model, input_ids.to(device), self.cache, mask,
                                       position_ids.to(device), logits, last_index, **options)
         self.slots = torch.cat((self.slots, new_slots), dim=1)
         self.last_start = width
+        self.last_logits = output
         if logits == "none":
             return []
         if logits == "last":

@@ -36,6 +36,8 @@ class StaticRaggedCache:
         # [rows, W] which slots hold a token of the row's sequence
         self.slots = torch.zeros(0, 0, dtype=torch.bool)
         self.last_start = 0  # the slot index of the first token the last forward appended
+        self.last_logits: torch.Tensor | None = None  # [rows (padded), T (padded), vocab] of the last forward
+        self._tokens = 0  # slots holding a token (kept as slots change: `holes` runs every step)
         self._window = model_attention_layout(self.model).window
 
     @property
@@ -79,6 +81,7 @@ class StaticRaggedCache:
         if length:
             self.pool.put_row(new, keys, values)
             self.slots[new, :length] = True
+            self._tokens += length
         return new
 
     def row_prefix(self, row: int, length: int, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
@@ -102,11 +105,13 @@ class StaticRaggedCache:
         """Keep only `rows`, in that order (the others leave the batch)."""
         self.pool.keep_rows(rows)
         self.slots = self.slots[rows] if rows else torch.zeros(0, 0, dtype=torch.bool)
+        self._tokens = int(self.slots.sum())
         if not rows:
             self.reset()
 
     def reset(self) -> None:
         self.slots = torch.zeros(0, 0, dtype=torch.bool)
+        self._tokens = 0
 
     def row_slots(self, row: int) -> list[int]:
         return self.slots[row].nonzero()[:, 0].tolist()
@@ -114,6 +119,7 @@ class StaticRaggedCache:
     def drop(self, row: int, slots: list[int]) -> None:
         """Turn `slots` of `row` into holes; slots at the end that are holes in every row are cut off."""
         if slots:
+            self._tokens -= int(self.slots[row, slots].sum())
             self.slots[row, slots] = False
             if max(slots) == self.width - 1:
                 used = self.slots.any(dim=0).nonzero()
@@ -124,7 +130,7 @@ class StaticRaggedCache:
         self.drop(row, self.row_slots(row)[length:])
 
     def holes(self) -> int:
-        return self.width * self.rows - int(self.slots.sum())
+        return self.width * self.rows - self._tokens
 
     def compact(self) -> None:
         """Move every row's tokens to the front; the width becomes the longest row's length."""
@@ -146,9 +152,11 @@ class StaticRaggedCache:
             return True
         return False
 
-    def forward(self, inputs: list[RowInput], logits: str = "all") -> list[torch.Tensor]:
+    def forward(self, inputs: list[RowInput], logits: str = "all",
+                device_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Run every row's new tokens in one forward; each row's logits [new, vocab] ("all"),
-        [1, vocab] after its last new token ("last"), or nothing ("none")."""
+        [1, vocab] after its last new token ("last"), or nothing ("none"). device_ids: as
+        `RaggedCache.forward`'s (ids already on the device); `last_logits` the whole output."""
         if len(inputs) != self.rows:
             raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
         new = max((len(item.token_ids) for item in inputs), default=0)
@@ -159,9 +167,13 @@ class StaticRaggedCache:
             if self.width + new > self.pool.capacity:
                 raise EngineError(f"{self.width} cached + {new} new slots exceed the KV pool's {self.pool.capacity}")
         batch = self._batch(inputs, new, logits)
+        if device_ids is not None:
+            batch.input_ids = device_ids
         output = self.runner.forward(self.pool, batch)
-        counts = torch.tensor([len(item.token_ids) for item in inputs])
-        self.slots = torch.cat((self.slots, torch.arange(new)[None, :] < counts[:, None]), dim=1)
+        self.last_logits = output.logits
+        counts = [len(item.token_ids) for item in inputs]
+        self.slots = torch.cat((self.slots, torch.arange(new)[None, :] < torch.tensor(counts)[:, None]), dim=1)
+        self._tokens += sum(counts)
         self.last_start = batch.width
         if logits == "none":
             return []

@@ -38,6 +38,18 @@ def _as_builder() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+_in_flight: dict[Path, BackgroundBuild] = {}  # this process's builds by package: runners share one
+
+
+def background_build(model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path) -> BackgroundBuild:
+    """The build of package `out`: the one already running in this process (two runners of one
+    architecture, a target and its draft, want the same package), else a new one."""
+    build = _in_flight.get(out)
+    if build is None or build.done():
+        build = _in_flight[out] = BackgroundBuild(model_dir, dtype, spec, out, log_dir)
+    return build
+
+
 class BackgroundBuild:
     """One builder process; `done()` says whether it has finished (and whether it succeeded)."""
 

@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 
 from inference.engine.runner.artifacts import CompiledForward, GraphSpec, artifact_name, build_package
 from inference.engine.runner.buckets import ShapeBuckets
-from inference.engine.runner.builder import BackgroundBuild
+from inference.engine.runner.builder import BackgroundBuild, background_build
 from inference.engine.runner.kv_pool import KVPool, PoolShape
 from inference.engine.runner.static_forward import LOGITS_ALL, LOGITS_LAST, StaticForward
 
@@ -75,6 +75,12 @@ class RunnerStats:
     cache_hits: int = 0  # packages found built when first wanted
     cache_misses: int = 0  # packages that had to be built
     fallback: str = ""  # why this model serves eagerly for good ("" while it may compile)
+    compiled_kinds: tuple[str, ...] = ()  # the forwards whose packages are loaded
+    building: tuple[str, ...] = ()  # the forwards whose packages builder processes are making
+
+    def copy(self) -> RunnerStats:
+        return RunnerStats(dict(self.forwards), self.compile_seconds, self.cache_hits, self.cache_misses,
+                           self.fallback, self.compiled_kinds, self.building)
 
 
 class ModelRunner:
@@ -91,6 +97,9 @@ class ModelRunner:
                  compile_mode: str = COMPILE_AUTO, store: Path | None = None, taps: tuple[int, ...] = (),
                  model_dir: Path | None = None) -> None:
         self.model = model
+        # read once: a model's `device` and `dtype` walk its parameters on every access
+        self.device, self.dtype = model.device, model.dtype
+        self._minimum = torch.finfo(self.dtype).min
         self.shape = PoolShape.of(model)
         self.pool_rows, self.capacity, self.max_tokens = pool_rows, capacity, max_tokens
         self.buckets = ShapeBuckets.for_device(pool_rows, max_tokens, model.device.type)
@@ -112,7 +121,7 @@ class ModelRunner:
     # -- pools and specs -----------------------------------------------------------------------
 
     def new_pool(self) -> KVPool:
-        pool = KVPool(self.shape, self.pool_rows, self.capacity, self.model.device)
+        pool = KVPool(self.shape, self.pool_rows, self.capacity, self.device)
         self._strides = tuple(pool.keys.stride())
         return pool
 
@@ -129,6 +138,8 @@ class ModelRunner:
         if self.store is None or self.stats.fallback:
             return
         for kind in (LOGITS_ALL, LOGITS_LAST):
+            if self.stats.fallback:
+                return
             if kind in self._compiled or kind in self._builds:
                 continue
             path = self.package_path(kind)
@@ -136,10 +147,11 @@ class ModelRunner:
                 self._load(kind, path, hit=True)
             elif self.model_dir is not None:
                 self.stats.cache_misses += 1
-                self._builds[kind] = BackgroundBuild(self.model_dir, self.model.dtype, self.spec(kind), path,
-                                                     self.store / "logs")
+                self._builds[kind] = background_build(self.model_dir, self.dtype, self.spec(kind), path,
+                                                      self.store / "logs")
                 logger.info("compiling %s's %s forward in the background (%s)", self.model.config.model_type,
                             kind, path.name)
+        self.stats.building = tuple(sorted(self._builds))
 
     def compile_now(self, kinds: tuple[str, ...] = (LOGITS_ALL, LOGITS_LAST)) -> None:
         """Build (here, now) and load the packages of `kinds` that are missing: tests, benchmarks."""
@@ -161,6 +173,7 @@ class ModelRunner:
             self._give_up(f"loading {path.name} failed: {type(error).__name__}: {error}")
             return
         self.loads += 1
+        self.stats.compiled_kinds = tuple(sorted(self._compiled))
         if hit:
             self.stats.cache_hits += 1
         logger.info("compiled %s forward of %s loaded (%s)", kind, self.model.config.model_type, path.name)
@@ -168,6 +181,7 @@ class ModelRunner:
     def _give_up(self, reason: str) -> None:
         self.stats.fallback = reason
         self._compiled.clear()
+        self.stats.compiled_kinds = ()
         logger.warning("%s serves eagerly: %s", self.model.config.model_type, reason)
 
     def poll(self) -> None:
@@ -179,6 +193,7 @@ class ModelRunner:
             if not build.done():
                 continue
             del self._builds[kind]
+            self.stats.building = tuple(sorted(self._builds))
             self.stats.compile_seconds += time.monotonic() - build.started
             if build.succeeded:
                 self._load(kind, build.out, hit=False)
@@ -220,8 +235,7 @@ class ModelRunner:
     def _inputs(self, pool: KVPool, batch: ForwardBatch, kind: str, rows: int, new: int,
                 width: int) -> list[torch.Tensor | None]:
         """The forward's tensors, padded to `rows` x `new` (padding rows see only themselves)."""
-        device = self.model.device
-        dtype = self.model.dtype
+        device, dtype = self.device, self.dtype
         cached, among = batch.cached, batch.among
         if width > batch.width:  # the empty cache's one slot, a hole
             cached = torch.cat((cached, torch.zeros(*cached.shape[:2], width - batch.width, dtype=torch.bool)), dim=2)
@@ -235,8 +249,7 @@ class ModelRunner:
                                                                       dtype=torch.bool)), dim=2)
             masks += [masks[0] & _pad(window_cached, rows, new), masks[1] & _pad_among(window_new, rows, new)]
         keys, values = pool.view(rows, width)
-        minimum = torch.finfo(dtype).min
-        additive = [torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, minimum)[:, None].to(device)
+        additive = [torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, self._minimum)[:, None].to(device)
                     for mask in masks]
         inputs = [input_ids.to(device), position_ids.to(device), additive[0], additive[1], keys, values]
         inputs += additive[2:] if batch.window is not None else [None, None]

@@ -57,6 +57,17 @@ def test_writes_and_reads_in_atomic_go_to_primary(tenant, target_version):
             assert router.db_for_read(Session) == "default"
 
 
+def test_login_sessions_are_read_on_the_primary_even_from_a_caught_up_replica():
+    """A sign-in's redirect carries no LSN floor: its login session must not be looked up on a
+    replica that may not have replayed it (the admin then sent its user back to the sign-in)."""
+    from django.contrib.sessions.models import Session as LoginSession
+
+    wait_for_replica_catch_up()
+    with lsn.floor_scope():
+        assert ReplicaRouter().db_for_read(Session) == replica_alias()
+        assert ReplicaRouter().db_for_read(LoginSession) == "default"
+
+
 def test_paused_replica_serves_own_writes_from_primary_then_replica_after_resume(own_replica, api_client,
                                                                                    target_version):
     wait_for_replica_catch_up()
