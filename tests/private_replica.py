@@ -13,6 +13,7 @@ no server behind; its directory is removed at the end or, if the run was killed,
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -74,17 +75,29 @@ class PrivateReplica:
         shutil.chown(data_dir, "postgres", "postgres")
         replica = cls(primary_host, primary_port, data_dir)
         try:
-            out = subprocess.run(as_postgres([str(PG_BIN / "pg_basebackup"), "-h", primary_host, "-p",
-                                              str(primary_port), "-U", "postgres", "-D", str(data_dir), "-R",
-                                              "-X", "stream", "-c", "fast"]),
-                                 capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0, f"pg_basebackup of {primary_host}:{primary_port} failed: {out.stderr}"
+            replica._copy_primary()
             replica._write_configuration()
             replica.start()
         except BaseException:
             replica.remove()
             raise
         return replica
+
+    def _copy_primary(self) -> None:
+        """``pg_basebackup -R``, one at a time on this machine, tried up to three times: two backups
+        at once (two xdist workers) each force a checkpoint, and the checkpoint of one ended the
+        other's WAL stream ("terminating process to release replication slot")."""
+        command = as_postgres([str(PG_BIN / "pg_basebackup"), "-h", self.primary_host, "-p", str(self.primary_port),
+                               "-U", "postgres", "-D", str(self.data_dir), "-R", "-X", "stream", "-c", "fast"])
+        with open(Path(tempfile.gettempdir()) / f"{DIR_PREFIX}basebackup.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            for attempt in range(3):
+                out = subprocess.run(command, capture_output=True, text=True, timeout=300)
+                if out.returncode == 0:
+                    return
+                for leftover in self.data_dir.iterdir():  # pg_basebackup wants an empty directory
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        raise AssertionError(f"pg_basebackup of {self.primary_host}:{self.primary_port} failed: {out.stderr}")
 
     def _admin(self, port: int, host: str | None = None) -> psycopg.Connection:
         return psycopg.connect(host=host or self.host, port=port, user="postgres", dbname="postgres",

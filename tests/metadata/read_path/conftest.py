@@ -179,7 +179,9 @@ def read_path_state(settings) -> Iterator[None]:
 
 @pytest.fixture
 def target_version(db, tmp_path: Path) -> ModelVersion:
-    """An active target whose directory holds a tiny word-level tokenizer (for POST validation)."""
+    """An active target whose directory holds a tiny word-level tokenizer (for POST validation),
+    a config and a weights file: no worker runs here, so nothing loads them, but a version whose
+    files are missing is refused with a 503 (inference.version_files)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"[UNK]": 0, **{word: i + 1 for i, word in enumerate("hello world speculative decoding".split())}}
@@ -189,6 +191,8 @@ def target_version(db, tmp_path: Path) -> ModelVersion:
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"})
     )
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": len(vocab)}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
     return ModelVersion.objects.create(name="m", version="1", role="target", path=str(tmp_path),
                                        context_length=512, status=VersionStatus.ACTIVE)
 
