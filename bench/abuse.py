@@ -114,7 +114,7 @@ def prepare(args) -> tuple[dict[str, str], str, list[str]]:
     from django.db import connections
     from rest_framework.authtoken.models import Token
 
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.models import Session, Tenant, TenantMembership
     from metadata.sessions import token_stream
 

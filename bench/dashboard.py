@@ -128,7 +128,7 @@ def load(args, now: dt.datetime) -> dict:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.models import Tenant
 
     call_command("migrate", verbosity=0)

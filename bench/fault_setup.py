@@ -45,7 +45,7 @@ def prepare() -> Callable[[list[int]], str]:
     from django.core.management import call_command
 
     from inference.engine.models.loading import load_tokenizer
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.sessions import token_stream
 
     token_stream.client().flushdb()

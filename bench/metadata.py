@@ -54,7 +54,7 @@ PAGE = 50
 def load(args, now: dt.datetime) -> dict:
     from django.core.management import call_command
 
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.models import Tenant
     from metadata.partitions.bounds import bin_start
     from metadata.partitions.lifecycle import PartitionPolicy, PartitionRotation

@@ -46,7 +46,7 @@ from bench.common import percentile  # noqa: E402
 
 
 def prepare_sessions(count: int) -> list[str]:
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.models import Session, Tenant
 
     tenant, _ = Tenant.objects.get_or_create(name="bench-read-path")

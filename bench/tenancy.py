@@ -110,7 +110,7 @@ def prepare() -> tuple[dict[str, str], str, dict[str, str], tuple[str, str], lis
     from django.db import connections
     from rest_framework.authtoken.models import Token
 
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.models import Session, Tenant, TenantMembership
     from metadata.sessions import token_stream
 
@@ -152,7 +152,7 @@ def common_blocks(one: str, other: str) -> int:
     """The tokens of the whole 16-token blocks two prompts share from their start (the tiny pair's
     tokenizer: what the prefix cache matches on)."""
     from inference.api.tokenizers import tokenizer_for
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
 
     target = ModelVersion.objects.using("default").get(name="tiny", role="target", status="active")
     tokenizer = tokenizer_for(str(target.directory))

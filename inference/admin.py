@@ -38,7 +38,8 @@ from inference import version_files
 from inference.api.serializers import GenerationRequestSerializer
 from inference.engine.drafters.registry import DRAFTERS
 from inference.api.tokenizers import tokenizer_for
-from inference.models import CanaryMismatch, ModelVersion, VersionStatus
+from inference.models import CanaryMismatch
+from metadata.models import ModelVersion, VersionStatus
 from inference.registry import DeviceNotServed, promote_version
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.generations import GenerationRefused, submit_generation
@@ -216,11 +217,11 @@ class ModelVersionAdmin(admin.ModelAdmin):
         if version.status == VersionStatus.ACTIVE:
             return "active"
         return format_html('<a class="promote-link" href="{}">promote…</a>',
-                           reverse("admin:inference_modelversion_promote", args=[version.pk]))
+                           reverse("admin:metadata_modelversion_promote", args=[version.pk]))
 
     def get_urls(self):
         view = self.admin_site.admin_view(self.promote_view)
-        return [path("<path:object_id>/promote/", view, name="inference_modelversion_promote")] + super().get_urls()
+        return [path("<path:object_id>/promote/", view, name="metadata_modelversion_promote")] + super().get_urls()
 
     def get_readonly_fields(self, request, obj=None):
         """An active version's serving fields too (the module's docstring says why)."""
@@ -256,7 +257,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
                            head, format_html_join("", "<tr>{}</tr>", ((row,) for row in rows)))
 
     def _variant_row(self, row: ModelVersion, figures: dict, shown: ModelVersion) -> str:
-        url = reverse("admin:inference_modelversion_change", args=[row.pk])
+        url = reverse("admin:metadata_modelversion_change", args=[row.pk])
         name = format_html('<a href="{}">{}</a>{}', url, row.version, " (this page)" if row.pk == shown.pk else "")
         options = (row.recipe or {}).get("options", {})
         recipe = ", ".join(f"{k}={v}" for k, v in sorted(options.items()) if k != "role") or "-"
@@ -272,7 +273,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
             except VariantBuildError as exc:
                 self.message_user(request, str(exc), messages.ERROR)
                 continue
-            url = reverse("admin:inference_modelversion_change", args=[variant.pk])
+            url = reverse("admin:metadata_modelversion_change", args=[variant.pk])
             self.message_user(request, format_html('Built <a href="{}">{}</a> (staged): {} MB.', url, variant,
                                                    _mb(variant.figures.get("size_bytes"))), messages.SUCCESS)
 
@@ -316,7 +317,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
             raise PermissionDenied
         if request.method == "POST" and request.POST.get("confirmed") == "yes":
             self._promote(request, version)
-            return HttpResponseRedirect(reverse("admin:inference_modelversion_changelist"))
+            return HttpResponseRedirect(reverse("admin:metadata_modelversion_changelist"))
         return self._confirmation(request, [version], action=False)
 
     def _confirmation(self, request, versions: list[ModelVersion], action: bool):

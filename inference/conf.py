@@ -1,17 +1,20 @@
 """Settings of the inference app: each one declared here once, with its type and default.
 
 ``specops/settings.py`` reads them from the environment; code reads ``inference.conf.conf.NAME``.
+Serving also reads, through the same ``conf``, the settings it shares with the floors below,
+declared there once: where model directories live (``metadata.conf``) and a session's lease and
+attempts (``sessions.conf``).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from core.conf_base import AppSettings, Setting
+from metadata.conf import SETTINGS as METADATA_SETTINGS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SETTINGS = (
-    Setting("SPECOPS_MODEL_DIR", Path, BASE_DIR / "models", "where model directories live"),
     Setting("SPECOPS_CACHE_DIR", Path, Path.home() / ".cache" / "specops", "build caches of the demo pair (trained tokenizers)"),
     Setting("SPECOPS_PREDICTION_CACHE_TTL_S", int, 3600, "lifetime of a cached deterministic result"),
     Setting("SPECOPS_RESIDENT_MODELS", int, 4, "model versions a worker process keeps loaded"),
@@ -91,4 +94,6 @@ SETTINGS = (
             "tenants admitted by load as on Redis; an existing queue must be deleted first, docs/operations.md)"),
 )
 
-conf = AppSettings(SETTINGS)
+SHARED = tuple(setting for setting in METADATA_SETTINGS if setting.name == "SPECOPS_MODEL_DIR")
+
+conf = AppSettings((*SETTINGS, *SHARED))

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from core.latency_budget import measure
 from inference import affinity, prediction_cache, version_files
-from inference.models import ModelRole, ModelVersion, VersionStatus
+from metadata.models import ModelRole, ModelVersion, VersionStatus
 from inference.registry import DEMO_NAME, pending_build
 from inference.tasks import generate
 from metadata.api.follow import follow

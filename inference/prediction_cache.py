@@ -30,11 +30,10 @@ from django.utils import timezone
 
 from inference.conf import conf
 from inference.engine.config import GenerationConfig
-from inference.signals import model_promoted
 from metadata.cache import codec
 from metadata.cache.counters import HITS, MISSES, REDIS, CacheStats
 from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, default_guard
-from metadata.models import Session, SessionStatus
+from metadata.models import Session, SessionStatus, model_promoted
 from metadata.sessions import token_stream
 
 logger = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from inference.engine.models.loading import (
     model_context_length,
     load_causal_lm,
 )
-from inference.models import LoadDtype, ModelRole, ModelVersion, VersionStatus
+from metadata.models import LoadDtype, ModelRole, ModelVersion, VersionStatus
 
 logger = logging.getLogger(__name__)
 

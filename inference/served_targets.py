@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 
 from inference.generations import served_target
-from inference.models import ModelRole, ModelVersion, VersionStatus
+from metadata.models import ModelRole, ModelVersion, VersionStatus
 from metadata.cache import TwoTierCache, Versioned, WritePolicy
 from metadata.cache.rows import instance_of, row_of
 from metadata.replicas import read_routed

@@ -21,7 +21,7 @@ from inference.engine.models.loading import ModelLoadError, load_causal_lm
 from inference.engine.models.variant_writer import build_variant_dir
 from inference.engine.models.variants import VARIANT_KINDS, VariantError, measure_variant, model_size_bytes
 from inference.heldout_prompts import load_heldout_prompts
-from inference.models import ModelRole, ModelVersion
+from metadata.models import ModelRole, ModelVersion
 
 logger = logging.getLogger(__name__)
 #: Held-out prompts the build measures agreement on (at most this many, this many tokens each).

@@ -13,6 +13,8 @@ from core.conf_base import AppSettings, Setting
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SETTINGS = (
+    Setting("SPECOPS_MODEL_DIR", Path, BASE_DIR / "models",
+            "where model directories live (a model version's relative path is relative to it)"),
     Setting("SPECOPS_ARCHIVE_DIR", Path, BASE_DIR / "var" / "archive", "cold-storage folder of archived partitions"),
     Setting("SPECOPS_TOKEN_BATCH_SIZE", int, 100, "rows per INSERT of token and candidate history"),
     Setting("SPECOPS_PARTITION_INTERVAL", str, "daily", "partition width: hourly, daily, weekly, <n>h or <n>d"),

@@ -19,7 +19,7 @@ from django.utils import timezone
 from core import histograms
 from core.charts import PALETTE, Reference, Series, bar_chart, line_chart
 from core.conf import conf
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from inference.worker import compile_reading, prefix_cache_reading
 from inference.worker.metrics import ITL_SLO_SECONDS, TTFT_SLO_SECONDS
 from metadata.models import (

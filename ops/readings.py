@@ -14,7 +14,7 @@ from django.db.models import Count
 
 from core.queues import CPU_QUEUE, MAINTENANCE_QUEUE, gpu_queue, visible_gpu_count
 from inference import version_files
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
 
 logger = logging.getLogger(__name__)

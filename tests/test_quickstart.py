@@ -24,7 +24,7 @@ from inference.demo.jobs import QUICK_SUBDIR, DemoJob, run_job
 from inference.build_records import BUILDING, DONE, INTERRUPTED, KEY, build_record
 from inference.demo.progress import BuildProgress
 from inference.engine.models.loading import load_causal_lm
-from inference.models import ModelRole, ModelVersion, VersionStatus
+from metadata.models import ModelRole, ModelVersion, VersionStatus
 from metadata.api.tenancy import tenant_of
 from inference.registry import (
     DEMO_NAME,

@@ -37,7 +37,7 @@ from inference.limits import (
     TOP_P_RULE,
     temperature_rule,
 )
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from inference.served_targets import cached_served_target
 
 

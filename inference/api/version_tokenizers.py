@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from inference.api.tokenizers import tokenizer_for
 from inference.generations import ModelUnavailable, require_files
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 
 
 def tokenizer_of(version: ModelVersion) -> PreTrainedTokenizerBase:

@@ -21,7 +21,7 @@ from inference.api.serializers import (
 )
 from inference import idempotency
 from inference.generations import GenerationRefused, ModelNotServed, start_generation
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from inference.registry import DeviceNotServed, promote_version
 from metadata.api.tenancy import tenant_of
 from metadata.models import Session
@@ -133,7 +133,7 @@ def body_as_sent(request) -> bytes:
         return json.dumps(sorted(request.data.lists())).encode()
 
 
-PROMOTE_PERMISSION = "inference.change_modelversion"
+PROMOTE_PERMISSION = "metadata.change_modelversion"
 
 
 def sees_every_version(user) -> bool:

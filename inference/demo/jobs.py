@@ -23,7 +23,7 @@ from inference.build_records import DONE, FAILED, INTERRUPTED
 from inference.conf import conf
 from inference.demo.builder import DemoBuildConfig, DemoModels, build_demo_models, build_dspark_phase
 from inference.demo.progress import BuildProgress, build_phases
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from inference.demo.dspark_phase import dspark_directory_for
 from inference.registry import DEMO_NAME, attach_dspark, full_version, quick_version, register_demo_pair
 

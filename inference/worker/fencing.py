@@ -147,7 +147,7 @@ def claim_session(session_id) -> Session | None:
     an older id's comes from a scalar subquery): it was a read by id alone, which searched every
     partition's index, then the claim.
     """
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
 
     created_at = created_at_of(session_id)
     sessions = Session._meta.db_table

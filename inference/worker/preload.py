@@ -45,7 +45,7 @@ def preload_models(**kwargs) -> None:
     """Load the active versions of this worker's device before the first task arrives."""
     if not serves_a_device():
         return
-    from inference.models import ModelVersion, VersionStatus
+    from metadata.models import ModelVersion, VersionStatus
     from inference.worker import suffix_feed
     from inference.worker.batching_loop import device_loop
 

@@ -2,8 +2,7 @@
 
 A session's id is a UUIDv7 of its ``created_at`` (``metadata.ids``): every lookup by id
 through ``Session.objects`` adds the partition key the id carries, so PostgreSQL reads one
-partition (``metadata.session_keys``). The table was converted in place by
-``metadata.partitions.conversion`` (migration 0012).
+partition (``metadata.session_keys``).
 """
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from metadata.ids import uuid7
+from metadata.models.model_versions import ModelVersion
 from metadata.models.tenants import Tenant
 from metadata.session_keys import SessionQuerySet, matching_id_and_time
 
@@ -47,10 +47,8 @@ class Session(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     last_activity_at = models.DateTimeField(default=timezone.now)
     status = models.CharField(max_length=16, choices=SessionStatus.choices, default=SessionStatus.QUEUED)
-    target = models.ForeignKey("inference.ModelVersion", on_delete=models.PROTECT, related_name="+")
-    draft = models.ForeignKey(
-        "inference.ModelVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
-    )
+    target = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    draft = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     drafter = models.CharField(max_length=16)
     queue = models.CharField(max_length=32)
     prompt = models.TextField()

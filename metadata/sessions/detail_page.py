@@ -181,9 +181,9 @@ def timing_rows(session: Session) -> list[tuple[str, str]]:
 
 
 def links(session: Session) -> list[tuple[str, str]]:
-    out = [(f"target model {session.target}", reverse("admin:inference_modelversion_change", args=[session.target_id]))]
+    out = [(f"target model {session.target}", reverse("admin:metadata_modelversion_change", args=[session.target_id]))]
     if session.draft_id:
-        out.append((f"draft model {session.draft}", reverse("admin:inference_modelversion_change",
+        out.append((f"draft model {session.draft}", reverse("admin:metadata_modelversion_change",
                                                             args=[session.draft_id])))
     api = f"/api/v1/sessions/{session.pk}"
     out += [("tokens (API)", f"{api}/tokens/"), ("candidates (API)", f"{api}/candidates/"),

@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from metadata.models import Session
 from tests.inference.engine.dspark_models import write_deepspec_checkpoint
 

@@ -14,7 +14,7 @@ from inference import prediction_cache
 from inference.engine import GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.models.variants import Int8Linear
-from inference.models import ModelVersion, VariantKind, VersionStatus
+from metadata.models import ModelVersion, VariantKind, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.worker.residency import ModelResidency
 from tests.paths import REPO_ROOT
@@ -103,7 +103,8 @@ def test_promoting_a_draft_variant_retires_the_draft_repoints_the_target_and_inv
     draft = tiny_model.default_draft
     variant = build_variant(draft, "int8", measure=False)
     key = prediction_cache.request_key(tenant.pk, tiny_model.pk, draft.pk, "draft_model", "x", {"temperature": 0.0})
-    assert prediction_cache.store(key, {"text": "cached"}) and prediction_cache.lookup(key) is not None
+    result = {"text": "cached", "token_count": 1, "finish_reason": "eos", "stats": {}, "source_session": "-"}
+    assert prediction_cache.store(key, result) and prediction_cache.lookup(key) is not None
     with django_capture_on_commit_callbacks(execute=True):
         replaced = variant.promote()
     assert [v.pk for v in replaced] == [draft.pk]
@@ -127,12 +128,12 @@ def test_promoting_a_draft_of_another_family_leaves_the_targets_draft_alone(tiny
 
 
 def test_the_model_page_shows_variants_side_by_side_and_promotes_one(admin_client, tiny_model):
-    page = admin_client.post("/admin/inference/modelversion/", {
+    page = admin_client.post("/admin/metadata/modelversion/", {
         "action": "build_int8_variant", "_selected_action": [tiny_model.pk]}, follow=True).content.decode()
     variant = ModelVersion.objects.get(base=tiny_model, variant="int8")
     assert "Built" in page and "tiny:1+int8 (target)" in page
     build_variant(tiny_model, "bf16")
-    html = admin_client.get(f"/admin/inference/modelversion/{tiny_model.pk}/change/").content.decode()
+    html = admin_client.get(f"/admin/metadata/modelversion/{tiny_model.pk}/change/").content.decode()
     table = html[html.index('<table class="variants">'):]
     table = table[:table.index("</table>")]
     assert table.count("<tr>") == 4  # header, the original, int8, bf16
@@ -140,9 +141,9 @@ def test_the_model_page_shows_variants_side_by_side_and_promotes_one(admin_clien
     assert f"{variant.figures['size_bytes'] / 1e6:.2f}" in table
     assert f"{variant.figures['top1_agreement_with_base']:.3f}" in table
     assert "activations=per_token" in table
-    variant_page = admin_client.get(f"/admin/inference/modelversion/{variant.pk}/change/").content.decode()
+    variant_page = admin_client.get(f"/admin/metadata/modelversion/{variant.pk}/change/").content.decode()
     assert '<table class="variants">' in variant_page  # the same family table from a variant's page
-    done = admin_client.post(f"/admin/inference/modelversion/{variant.pk}/promote/", {"confirmed": "yes"},
+    done = admin_client.post(f"/admin/metadata/modelversion/{variant.pk}/promote/", {"confirmed": "yes"},
                              follow=True).content.decode()
     assert "Promoted tiny:1+int8 (target): it is active; retired: tiny:1 (target)" in done
     variant.refresh_from_db(), tiny_model.refresh_from_db()
@@ -151,7 +152,7 @@ def test_the_model_page_shows_variants_side_by_side_and_promotes_one(admin_clien
 
 def test_a_failed_build_is_reported_and_writes_nothing(admin_client, tiny_model):
     variant = build_variant(tiny_model, "int8", measure=False)
-    page = admin_client.post("/admin/inference/modelversion/", {
+    page = admin_client.post("/admin/metadata/modelversion/", {
         "action": "build_bf16_variant", "_selected_action": [variant.pk]}, follow=True).content.decode()
     assert "is itself a int8 variant" in page
     assert not ModelVersion.objects.filter(variant="bf16").exists()

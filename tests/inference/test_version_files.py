@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from inference import version_files
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from inference.registry import register_demo_pair, register_pair
 from metadata.models import Session
 from ops.tasks import sample_ops_metrics
@@ -119,10 +119,10 @@ def test_a_missing_draft_refuses_only_the_drafter_that_loads_it(api_client, tiny
 
 @pytest.mark.django_db
 def test_the_admin_shows_the_version_unavailable(admin_client, tiny_model, gone):
-    page = admin_client.get("/admin/inference/modelversion/").content.decode()
+    page = admin_client.get("/admin/metadata/modelversion/").content.decode()
     assert f"unavailable: its directory {gone.directory} does not exist" in page
     assert page.count('data-available="true"') == 3  # tiny's target and draft, gone's draft
-    detail = admin_client.get(f"/admin/inference/modelversion/{gone.pk}/change/")
+    detail = admin_client.get(f"/admin/metadata/modelversion/{gone.pk}/change/")
     assert detail.status_code == 200 and "unavailable: its directory" in detail.content.decode()
 
 

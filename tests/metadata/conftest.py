@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from tests.metadata.partition_helpers import reset_partitions
 
 

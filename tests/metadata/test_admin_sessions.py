@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from metadata.models import Candidate, Session, TenantMembership, TokenKind, TokenRecord
 from specops.celery import app
 
@@ -78,7 +78,7 @@ def test_the_session_page_is_read_only_and_colours_every_token_by_kind(admin_cli
     assert admin_client.get("/admin/metadata/session/add/").status_code == 403
     assert admin_client.post(f"/admin/metadata/session/{session.pk}/delete/").status_code == 403
     assert "Time to first token" in html and "Queue wait" in html and "Attempts" in html
-    assert f"/api/v1/sessions/{session.pk}/tokens/" in html and f"/admin/inference/modelversion/{tiny_model.pk}/" in html
+    assert f"/api/v1/sessions/{session.pk}/tokens/" in html and f"/admin/metadata/modelversion/{tiny_model.pk}/" in html
     assert 'id="acceptance-chart"' in html and 'data-points="3"' in html
 
 
@@ -171,13 +171,13 @@ def test_rerun_needs_the_add_permission_and_submits_the_same_parameters(client, 
 def test_promotion_asks_first_and_says_what_it_retires_and_that_the_cache_is_invalidated(admin_client, tiny_model):
     successor = ModelVersion.objects.create(name="tiny", version="2", role="target", path=tiny_model.path,
                                             context_length=tiny_model.context_length)
-    listing = admin_client.get("/admin/inference/modelversion/").content.decode()
+    listing = admin_client.get("/admin/metadata/modelversion/").content.decode()
     assert 'id="pair-acceptance"' in listing and "promote…" in listing
-    confirm = admin_client.get(f"/admin/inference/modelversion/{successor.pk}/promote/").content.decode()
+    confirm = admin_client.get(f"/admin/metadata/modelversion/{successor.pk}/promote/").content.decode()
     assert "tiny:1 (target)" in confirm and "prediction cache entries" in confirm
     successor.refresh_from_db()
     assert successor.status == VersionStatus.STAGED  # nothing happens before the confirmation
-    done = admin_client.post(f"/admin/inference/modelversion/{successor.pk}/promote/", {"confirmed": "yes"},
+    done = admin_client.post(f"/admin/metadata/modelversion/{successor.pk}/promote/", {"confirmed": "yes"},
                              follow=True).content.decode()
     assert "Promoted tiny:2 (target): it is active; retired: tiny:1 (target)" in done and "invalidated" in done
     tiny_model.refresh_from_db()
@@ -187,11 +187,11 @@ def test_promotion_asks_first_and_says_what_it_retires_and_that_the_cache_is_inv
 def test_promote_action_shows_the_confirmation_page(admin_client, tiny_model):
     staged = ModelVersion.objects.create(name="tiny", version="3", role="target", path=tiny_model.path,
                                          context_length=tiny_model.context_length)
-    page = admin_client.post("/admin/inference/modelversion/", {"action": "promote", "_selected_action": [staged.pk]})
+    page = admin_client.post("/admin/metadata/modelversion/", {"action": "promote", "_selected_action": [staged.pk]})
     assert page.status_code == 200 and 'id="confirm-promotion"' in page.content.decode()
     staged.refresh_from_db()
     assert staged.status == VersionStatus.STAGED
-    admin_client.post("/admin/inference/modelversion/", {"action": "promote", "_selected_action": [staged.pk],
+    admin_client.post("/admin/metadata/modelversion/", {"action": "promote", "_selected_action": [staged.pk],
                                                          "confirmed": "yes"})
     staged.refresh_from_db()
     assert staged.status == VersionStatus.ACTIVE

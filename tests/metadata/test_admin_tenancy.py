@@ -15,7 +15,9 @@ from django.contrib.auth.models import Permission
 from django.core.cache import cache
 from django.test import Client
 
-from inference.models import CanaryMismatch, ModelVersion, VersionStatus
+from inference.models import CanaryMismatch
+
+from metadata.models import ModelVersion, VersionStatus
 from metadata.models import Session, Tenant, TenantMembership
 
 pytestmark = pytest.mark.django_db
@@ -127,23 +129,23 @@ def version_form(version: ModelVersion, **changes) -> dict:
 
 
 def test_an_active_versions_serving_fields_are_read_only(tiny_model):
-    client = staff("ml-ops", None, "inference.change_modelversion", "inference.view_modelversion",
-                   "inference.delete_modelversion")
+    client = staff("ml-ops", None, "metadata.change_modelversion", "metadata.view_modelversion",
+                   "metadata.delete_modelversion")
     assert tiny_model.status == VersionStatus.ACTIVE
-    url = f"/admin/inference/modelversion/{tiny_model.pk}/change/"
+    url = f"/admin/metadata/modelversion/{tiny_model.pk}/change/"
     client.post(url, version_form(tiny_model, path="/tmp/elsewhere", device="cuda:7", context_length=99))
     tiny_model.refresh_from_db()
     assert (tiny_model.path, tiny_model.device, tiny_model.context_length) != ("/tmp/elsewhere", "cuda:7", 99)
     assert client.get(url).content.decode().count('name="path"') == 0  # shown, not an input
-    assert client.post(f"/admin/inference/modelversion/{tiny_model.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.post(f"/admin/metadata/modelversion/{tiny_model.pk}/delete/", {"post": "yes"}).status_code == 403
     assert ModelVersion.objects.filter(pk=tiny_model.pk).exists()
 
 
 def test_a_staged_versions_fields_stay_editable(tiny_model):
     staged = ModelVersion.objects.create(name="tiny", version="2", role="target", path=tiny_model.path,
                                          device="cpu", context_length=64, status=VersionStatus.STAGED)
-    client = staff("ml-ops", None, "inference.change_modelversion", "inference.view_modelversion")
-    response = client.post(f"/admin/inference/modelversion/{staged.pk}/change/",
+    client = staff("ml-ops", None, "metadata.change_modelversion", "metadata.view_modelversion")
+    response = client.post(f"/admin/metadata/modelversion/{staged.pk}/change/",
                            version_form(staged, context_length=32))
     assert response.status_code == 302, response.content.decode()[:2000]
     assert ModelVersion.objects.get(pk=staged.pk).context_length == 32

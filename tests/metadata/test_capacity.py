@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, ManagementUtility, call_command
 from django.utils import timezone
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from metadata.insights import capacity_plan
 from metadata.models import Session, StatementSnapshot, TokenKind, TokenRecord
 from tests.paths import REPO_ROOT

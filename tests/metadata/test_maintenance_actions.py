@@ -259,7 +259,7 @@ def _started(response) -> int:
 
 
 def test_a_day_of_sessions_is_shown_and_restored_as_one_unit(partitioned, admin_client, worker_archive_dir) -> None:
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from metadata.models import Session, SessionStatus, Tenant
 
     policy = PartitionPolicy.from_settings()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.db import connections, transaction
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from metadata.archival import ArchiveManifest, checksum_of_archive, manifest_path
 from metadata.models import (
     ArchivalStep,

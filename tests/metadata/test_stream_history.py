@@ -15,7 +15,7 @@ import httpx2
 import pytest
 from rest_framework.authtoken.models import Token
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from metadata.models import Session, TokenKind, TokenRecord
 from metadata.replicas import lsn
 from metadata.sessions import history, token_stream

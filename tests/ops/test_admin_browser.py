@@ -18,7 +18,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from metadata.models import Session, TenantMembership, TokenRecord
 from ops.rollups import roll_up
 from specops.celery import app
@@ -40,7 +40,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 SCREENSHOTS = ROOT / "var" / "browser"
 PASSWORD = "pw-operator-browser-1"
 OPERATOR_PERMISSIONS = ["metadata.view_session", "metadata.change_session", "metadata.add_session",
-                        "inference.view_modelversion", "inference.change_modelversion"]
+                        "metadata.view_modelversion", "metadata.change_modelversion"]
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_rerun_from_the_session_page_runs_on_a_real_worker_and_its_tokens_show(o
 def test_promotion_from_the_registry_asks_then_shows_what_it_retired(ops, tiny_model):
     staged = ModelVersion.objects.create(name="tiny", version="2", role="target", path=tiny_model.path,
                                          context_length=tiny_model.context_length)
-    ops.open("/admin/inference/modelversion/")
+    ops.open("/admin/metadata/modelversion/")
     page = ops.page
     assert page.locator("#pair-acceptance svg.chart").count() == 1
     page.click(f'a.promote-link[href$="/{staged.pk}/promote/"]')

@@ -49,7 +49,7 @@ from inference.api.openai.tools import NAMED, CallStream, call_object
 from inference.conf import conf
 from inference import idempotency
 from inference.generations import GenerationRefused, follow, served_target
-from inference.models import ModelRole, ModelVersion, VersionStatus
+from metadata.models import ModelRole, ModelVersion, VersionStatus
 from metadata.api.async_views import Caller, Refused, authorize, run_db
 from metadata.api.serializers import public_error
 from metadata.models import Session, SessionStatus

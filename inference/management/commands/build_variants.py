@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from inference.engine.models.variants import VARIANT_KINDS
-from inference.models import ModelRole, ModelVersion
+from metadata.models import ModelRole, ModelVersion
 from inference.variant_registry import VariantBuildError, build_variant
 
 

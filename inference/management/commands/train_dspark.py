@@ -34,7 +34,7 @@ def resolve_target(spec: str) -> Path:
         raise CommandError(f"--target {spec}: is a file, not a model directory")
     from django.db import DatabaseError
 
-    from inference.models import ModelRole, ModelVersion, VersionStatus
+    from metadata.models import ModelRole, ModelVersion, VersionStatus
     from inference.registry import split_model_id
 
     name, version = split_model_id(spec)

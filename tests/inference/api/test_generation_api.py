@@ -163,7 +163,7 @@ def test_the_drafter_choices_are_the_registry_s():
 def test_registering_a_draft_with_another_tokenizer_is_refused_naming_both_directories(tiny_model_dirs, tmp_path):
     from django.core.management import CommandError, call_command
 
-    from inference.models import ModelVersion
+    from metadata.models import ModelVersion
     from inference.registry import RegistrationError, register_pair
     from inference.demo.tiny_models import build_foreign_draft
 

@@ -12,7 +12,7 @@ from django.db import connections, transaction
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from inference.registry import register_version
 from metadata.models import Session, SessionStatus, TenantMembership
 from metadata.replicas import lsn
@@ -40,7 +40,7 @@ def test_promotion_needs_the_model_permission_not_only_staff(tiny_model):
     newer = register_version("tiny", "2", "target", tiny_model.directory)
     url = f"/api/v1/models/{newer.pk}/promote/"
     response = client_of(staff("bob", promoter=False)).post(url)
-    assert response.status_code == 403 and "inference.change_modelversion" in response.json()["detail"]
+    assert response.status_code == 403 and "metadata.change_modelversion" in response.json()["detail"]
     newer.refresh_from_db()
     assert newer.status == "staged"
     response = client_of(staff("carol", promoter=True)).post(url)

@@ -14,7 +14,7 @@ from django.contrib.auth.models import Permission
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from inference.registry import register_version, served_queues
 from tests.helpers import empty_queue, wait_for
 from tests.worker_process import stop_worker
@@ -83,7 +83,7 @@ def test_a_device_no_worker_serves_is_refused_and_a_served_one_promoted(cpu_work
 @pytest.mark.django_db
 def test_the_admin_refuses_an_unserved_device_with_a_message(cpu_worker, admin_client, tiny_model):
     far = register_version("tiny", "gpu7", "target", tiny_model.directory, device="cuda:7")
-    page = admin_client.post(f"/admin/inference/modelversion/{far.pk}/promote/", {"confirmed": "yes"}, follow=True)
+    page = admin_client.post(f"/admin/metadata/modelversion/{far.pk}/promote/", {"confirmed": "yes"}, follow=True)
     assert "was not promoted" in page.content.decode() and "gpu.7" in page.content.decode()
     far.refresh_from_db()
     assert far.status == VersionStatus.STAGED
@@ -94,7 +94,7 @@ def test_the_admin_promotes_in_a_transaction_of_its_own(admin_client, tiny_model
     """No test transaction around the request, as in production: the promotion's row locks
     (select_for_update) need the transaction the admin now opens."""
     newer = register_version("tiny", "2", "target", tiny_model.directory)
-    response = admin_client.post(f"/admin/inference/modelversion/{newer.pk}/promote/", {"confirmed": "yes"})
+    response = admin_client.post(f"/admin/metadata/modelversion/{newer.pk}/promote/", {"confirmed": "yes"})
     assert response.status_code == 302
     assert ModelVersion.objects.get(pk=newer.pk).status == VersionStatus.ACTIVE
     assert ModelVersion.objects.get(pk=tiny_model.pk).status == VersionStatus.RETIRED

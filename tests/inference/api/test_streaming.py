@@ -14,7 +14,7 @@ import httpx2
 import pytest
 from rest_framework.authtoken.models import Token
 
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from metadata.models import Session, Tenant
 from metadata.sessions import token_stream
 from tests.web_process import HEARTBEAT_S, IDLE_LIMIT_S

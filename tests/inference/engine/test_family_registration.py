@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from inference.engine.models.loading import load_causal_lm
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 
 from .family_models import save_family_pair, shared_tokenizer
 

@@ -22,7 +22,7 @@ from rest_framework.authtoken.models import Token
 from inference.engine.batch.engine import RowEvent
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from inference.worker.adoption import start_stream
 from inference.worker.fencing import claim, claim_session, database_now
 from inference.worker.lifecycle import committed_tokens, finished_before, prepare

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from inference import version_files
-from inference.models import ModelRole
+from metadata.models import ModelRole
 from inference.registry import register_pair, register_version
 from inference.tasks import generate
 from metadata.models import Session

@@ -23,7 +23,7 @@ from inference.engine.batch.engine import BatchRequest, RowEvent
 from inference.engine.config import GenerationConfig
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from inference.worker import database_retry
 from inference.worker.batching_loop import DeviceBatchLoop
 from inference.worker.recorder import SessionRecorder

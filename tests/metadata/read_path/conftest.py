@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from inference.models import ModelVersion, VersionStatus
+from metadata.models import ModelVersion, VersionStatus
 from metadata.cache import default_guard
 from metadata.models import Session
 from metadata.replicas import lsn, replica_health

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inference import prediction_cache
-from inference.models import ModelVersion
+from metadata.models import ModelVersion
 from metadata.models import Session, SessionStatus
 from tests.metadata.read_path.conftest import make_session
 
