@@ -39,6 +39,13 @@ stop() {  # TERM to everything started here, then wait for all of it
   trap - INT TERM EXIT
   kill -TERM "${pids[@]}" "${build[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
+  # What they started and left behind (a web's workers, when its master was killed): the rest of
+  # this script's process group, when the group is its own (a terminal's `make run`, a test).
+  if [[ $(ps -o pgid= -p $$ | tr -d ' ') == "$$" ]]; then
+    trap '' TERM
+    kill -TERM 0 2>/dev/null || true
+    trap - TERM
+  fi
 }
 stopped() {  # Ctrl-C (SIGINT to the whole process group) or SIGTERM: an ordinary end
   local building=""
