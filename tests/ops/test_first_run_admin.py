@@ -1,8 +1,8 @@
 """`make run`'s script on a fresh checkout: the admin is styled from the web's first request, and
 Ctrl-C stops everything it started with exit status 0.
 
-The checkout is a copy of this one's tracked files (no `var/`: no static files collected, no
-secret key, no metrics token), with this one's `.venv`, run by `scripts/run.sh` as `make run`
+The checkout is a copy of this one's files but what git ignores (no `var/`: no static files
+collected, no secret key, no metrics token), with this one's `.venv`, run by `scripts/run.sh` as `make run`
 runs it, against the test database and Redis database on a free port. WhiteNoise indexes
 `STATIC_ROOT` when a web process starts: a web started before `collectstatic` answered every
 static file with a 404 until restarted. The first HTTP request the web gets here is the admin's
@@ -34,9 +34,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def fresh_checkout(destination: Path) -> Path:
-    """This checkout's tracked files as they are now, and its virtual environment, nothing else."""
-    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
-    for name in filter(None, listed.decode().split("\0")):
+    """This checkout's files as they are now, what git ignores left out (`var/`, `models/`), and
+    its virtual environment."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout
+    for name in sorted(set(filter(None, listed.decode().split("\0")))):
         source = ROOT / name
         if source.is_file():
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
