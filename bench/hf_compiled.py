@@ -33,9 +33,9 @@ class HFCompiledGreedy:
 
     def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], float]:
         """The greedy tokens and the seconds per decode step (the prefill excluded)."""
-        self.cache.reset()
         device = self.model.device
         with torch.inference_mode():
+            self.cache.reset()
             ids = torch.tensor([prompt], device=device)
             logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits[:, -1]
             token = logits.argmax(dim=-1, keepdim=True)

@@ -42,7 +42,9 @@ compiled_over_eager_*: the compiled path's tok/s over the eager path's, same met
 greedy_identical_batched: every compiled run equals the compiled target's own greedy output
 (plain decoding one request at a time) and every eager run the one-at-a-time decoder's;
 worker_ready_s_cached: an engine-core process from its start to its first compiled step with
-the packages built (bench/worker_ready.py).
+the packages built (bench/worker_ready.py); compiled_token_agreement: the share of positions of
+the held-out texts (256 tokens each, teacher-forced) where the compiled target's argmax is the
+eager target's.
 api_over_engine_batchC: the API's tok/s at c concurrent over the batched engine's own on the same
 workload in this process (its torch threads those of the worker, OMP_NUM_THREADS, default 1).
 dspark_tau_over_chain_t1: DSpark's accepted length (bonus token included) over the draft-model
@@ -78,6 +80,7 @@ from bench.serving_paths import (  # noqa: E402
     EAGER_SUFFIX,
     compiled_engine,
     run_hf_compiled,
+    token_agreement,
     worker_ready_seconds,
 )
 
@@ -402,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         "compiled_over_eager_spec_c8": tps("spec_batch", 8) / tps("spec_batch" + EAGER_SUFFIX, 8),
         "ours_plain_c1_over_hf_compiled": tps("plain_batch", 1) / tps("hf_compiled", 1),
         "worker_ready_s_cached": worker_ready_seconds(model_dir, args.compile_dir, args.threads or 1),
+        "compiled_token_agreement": token_agreement(target.model, args.compile_dir,
+                                                    [tokenizer(text, add_special_tokens=False)["input_ids"][:256]
+                                                     for text in texts]),
     }
     print(f"RESULT batch8_over_sequential={tps('spec_batch', 8) / tps('sequential', 8):.2f} "
           f"spec_over_plain_batch1={tps('spec_batch', 1) / tps('plain_batch', 1):.2f} "

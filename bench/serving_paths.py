@@ -63,3 +63,31 @@ def worker_ready_seconds(model_dir: Path, store: Path, threads: int = 1) -> floa
     if process.returncode != 0 or "READY" not in process.stdout:
         raise RuntimeError(f"worker_ready.py failed: {process.stderr.strip().splitlines()[-1:]}")
     return seconds
+
+
+def token_agreement(target, store: Path, texts: list[list[int]], chunk: int = 64) -> float:
+    """The share of positions of held-out text at which the compiled target's argmax equals the
+    eager target's, teacher-forced (each position reads the text, not the model's own tokens, so
+    one difference does not carry on)."""
+    import torch
+
+    from inference.engine.kv.ragged import RaggedCache, RowInput
+
+    engine, _ = compiled_engine(target, None, store, decode=lambda tokens: "", max_rows=1)
+    compiled_cache = engine.runners.new_cache(target)
+    same = total = 0
+    with torch.inference_mode():
+        for text in texts:
+            argmax = []
+            for cache in (RaggedCache(target), compiled_cache):
+                cache.keep_rows([])
+                cache.add_row()
+                tokens = []
+                for start in range(0, len(text), chunk):
+                    piece = text[start:start + chunk]
+                    tokens.append(cache.forward([RowInput(piece, list(range(start, start + len(piece))))])[0]
+                                  .argmax(dim=-1))
+                argmax.append(torch.cat(tokens))
+            same += int((argmax[0] == argmax[1]).sum())
+            total += len(text)
+    return same / max(total, 1)

@@ -21,6 +21,7 @@ from inference.engine.kv.ragged import RaggedCache
 from inference.engine.kv.static_ragged import StaticRaggedCache
 from inference.engine.models.modeling import context_length
 from inference.engine.runner.buckets import ShapeBuckets
+from inference.engine.runner.builder import BUILD_NICENESS
 from inference.engine.runner.kv_pool import PoolShape, pool_rows_within
 from inference.engine.runner.model_runner import COMPILE_AUTO, COMPILE_MODES, COMPILE_OFF, ModelRunner, RunnerStats
 from inference.engine.runner.static_forward import static_forward_refusal
@@ -36,12 +37,13 @@ MAX_VERIFY_WIDTH = 64
 class CompileSettings:
     """How the engine runs its models (see the module docstring). store: where compiled packages
     live (None: eager static forwards only, nothing compiled); background: build missing packages
-    in builder processes (else only `ModelRunner.compile_now` builds)."""
+    in builder processes (else only `ModelRunner.compile_now` builds), at `build_niceness`."""
 
     mode: str = COMPILE_OFF
     store: Path | None = None
     kv_budget_mb: int = 4096
     background: bool = True
+    build_niceness: int = BUILD_NICENESS
 
     def __post_init__(self) -> None:
         if self.mode not in COMPILE_MODES:
@@ -79,7 +81,7 @@ class ModelRunners:
             # two rows at least: a compiled forward's rows are a symbol, which needs a range
             rows = pool_rows_within(PoolShape.of(model), capacity, settings.kv_budget_mb * 2**20, max(rows, 2))
             runner = ModelRunner(model, rows, capacity, max_tokens, COMPILE_AUTO, settings.store, model_taps,
-                                 model_dir if settings.background else None)
+                                 model_dir if settings.background else None, settings.build_niceness)
             runner.start()
             runners[role] = runner
         return cls(runners["target"], runners["draft"], refusals)

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -30,30 +31,35 @@ from inference.engine.runner.artifacts import GraphSpec, build_package
 BUILD_NICENESS = 10
 
 
-def _as_builder() -> None:
-    """In the child before it execs: a lower priority, and death with the thread that started it
-    (an engine core's main thread, or a batching loop's), so no build outlives its engine."""
-    os.nice(BUILD_NICENESS)
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _as_builder(niceness: int) -> Callable[[], None]:
+    """What the child runs before it execs: a lower priority, and death with the thread that
+    started it (an engine core's main thread, or a batching loop's), so no build outlives its engine."""
+    def prepare() -> None:
+        if niceness:
+            os.nice(niceness)
+        if sys.platform.startswith("linux"):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    return prepare
 
 
 _in_flight: dict[Path, BackgroundBuild] = {}  # this process's builds by package: runners share one
 
 
-def background_build(model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path) -> BackgroundBuild:
+def background_build(model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path,
+                     niceness: int = BUILD_NICENESS) -> BackgroundBuild:
     """The build of package `out`: the one already running in this process (two runners of one
     architecture, a target and its draft, want the same package), else a new one."""
     build = _in_flight.get(out)
     if build is None or build.done():
-        build = _in_flight[out] = BackgroundBuild(model_dir, dtype, spec, out, log_dir)
+        build = _in_flight[out] = BackgroundBuild(model_dir, dtype, spec, out, log_dir, niceness)
     return build
 
 
 class BackgroundBuild:
     """One builder process; `done()` says whether it has finished (and whether it succeeded)."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path) -> None:
+    def __init__(self, model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path,
+                 niceness: int = BUILD_NICENESS) -> None:
         self.out = out
         self.started = time.monotonic()
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +67,8 @@ class BackgroundBuild:
         command = [sys.executable, "-m", "inference.engine.runner.builder", "--model", str(model_dir),
                    "--dtype", str(dtype).removeprefix("torch."), "--spec", json.dumps(asdict(spec)), "--out", str(out)]
         with open(self.log_path, "wb") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_as_builder,
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                             preexec_fn=_as_builder(niceness),
                                              cwd=Path(__file__).resolve().parents[3])
 
     def done(self) -> bool:

@@ -25,7 +25,8 @@ from transformers import PreTrainedModel
 
 from inference.engine.runner.artifacts import CompiledForward, GraphSpec, artifact_name, build_package
 from inference.engine.runner.buckets import ShapeBuckets
-from inference.engine.runner.builder import BackgroundBuild, background_build
+from inference.engine.runner.cuda_graphs import CudaGraphForwards
+from inference.engine.runner.builder import BUILD_NICENESS, BackgroundBuild, background_build
 from inference.engine.runner.kv_pool import KVPool, PoolShape
 from inference.engine.runner.static_forward import LOGITS_ALL, LOGITS_LAST, StaticForward
 
@@ -90,12 +91,13 @@ class ModelRunner:
     head_dim]); max_tokens: the most new tokens per row in one forward. taps: the layers whose
     hidden states a feature-reading drafter needs (features.py ids), returned by `last_features`.
     store: where packages live (None: never compiled). model_dir: the model's directory, which a
-    builder process loads (None: packages are built only by `compile_now`, in this process).
+    builder process loads (None: packages are built only by `compile_now`, in this process), at
+    `build_niceness` (serving keeps the CPU it needs).
     """
 
     def __init__(self, model: PreTrainedModel, pool_rows: int, capacity: int, max_tokens: int,
                  compile_mode: str = COMPILE_AUTO, store: Path | None = None, taps: tuple[int, ...] = (),
-                 model_dir: Path | None = None) -> None:
+                 model_dir: Path | None = None, build_niceness: int = BUILD_NICENESS) -> None:
         self.model = model
         # read once: a model's `device` and `dtype` walk its parameters on every access
         self.device, self.dtype = model.device, model.dtype
@@ -106,8 +108,10 @@ class ModelRunner:
         self.taps = tuple(taps)
         self.store = store if compile_mode == COMPILE_AUTO else None
         self.model_dir = model_dir
+        self.build_niceness = build_niceness
         self._eager = {kind: StaticForward(model, kind, self.taps).eval() for kind in (LOGITS_ALL, LOGITS_LAST)}
         self._compiled: dict[str, CompiledForward] = {}
+        self._graphs: dict[str, CudaGraphForwards] = {}  # on a GPU: the packages' graphs by bucket
         self._builds: dict[str, BackgroundBuild] = {}
         self._next_poll = 0.0
         self._strides: tuple[int, ...] | None = None  # the pools' (the compiled code assumes them)
@@ -148,7 +152,7 @@ class ModelRunner:
             elif self.model_dir is not None:
                 self.stats.cache_misses += 1
                 self._builds[kind] = background_build(self.model_dir, self.dtype, self.spec(kind), path,
-                                                      self.store / "logs")
+                                                      self.store / "logs", self.build_niceness)
                 logger.info("compiling %s's %s forward in the background (%s)", self.model.config.model_type,
                             kind, path.name)
         self.stats.building = tuple(sorted(self._builds))
@@ -169,6 +173,8 @@ class ModelRunner:
     def _load(self, kind: str, path: Path, hit: bool) -> None:
         try:
             self._compiled[kind] = CompiledForward(path, self.model)
+            if self.device.type == "cuda":
+                self._graphs[kind] = CudaGraphForwards(self._compiled[kind])
         except Exception as error:  # a stale or foreign package: serve eagerly, say why
             self._give_up(f"loading {path.name} failed: {type(error).__name__}: {error}")
             return
@@ -181,6 +187,7 @@ class ModelRunner:
     def _give_up(self, reason: str) -> None:
         self.stats.fallback = reason
         self._compiled.clear()
+        self._graphs.clear()
         self.stats.compiled_kinds = ()
         logger.warning("%s serves eagerly: %s", self.model.config.model_type, reason)
 
@@ -215,12 +222,20 @@ class ModelRunner:
         self.poll()
         kind = LOGITS_LAST if batch.logits in ("last", "none") else LOGITS_ALL
         rows, new = batch.rows, batch.new
-        width = max(batch.width, 1)  # a symbol's least value: an empty cache reads one hole
-        padded_rows, padded_new = self.buckets.fit(rows, new)
-        inputs = self._inputs(pool, batch, kind, padded_rows, padded_new, width)
         compiled = self._compiled.get(kind)
-        if compiled is not None and self._strides == tuple(pool.keys.stride()):
-            outputs = compiled([tensor for tensor in inputs if tensor is not None])
+        if compiled is not None and (self._strides != tuple(pool.keys.stride()) or new > self.max_tokens):
+            # a pool of another geometry than the package was built for, or a forward wider than
+            # its bounds (an unusually large draft tree): this forward runs eagerly
+            compiled = None
+        graphs = self._graphs.get(kind) if compiled is not None else None
+        # a symbol's least value is 1 (an empty cache reads one hole); a replayed graph reads the
+        # pool's widest view, always the same address
+        width = self.capacity - 1 if graphs is not None else max(batch.width, 1)
+        padded_rows, padded_new = self.buckets.fit(rows, new) if compiled is not None else (rows, new)
+        inputs = self._inputs(pool, batch, kind, padded_rows, padded_new, width)
+        if compiled is not None:
+            tensors = [tensor for tensor in inputs if tensor is not None]
+            outputs = graphs.run(tensors) if graphs is not None else compiled(tensors)
             self.last_path = PATH_COMPILED
         else:
             with torch.inference_mode():

@@ -79,7 +79,9 @@ def _engine(store: Path, target_dir: Path | None = None, draft_dir: Path | None 
         target = LoadedModel(target, tokenizer, CONTEXT, target_dir)
         draft = LoadedModel(draft, tokenizer, CONTEXT, draft_dir)
     return BatchedSpeculativeEngine(target, draft, decode=_decode, max_rows=max_rows,
-                                    compile=CompileSettings(mode="auto", store=store, background=background))
+                                    # builds at the suite's own priority: the tests wait for them
+                                    compile=CompileSettings(mode="auto", store=store, background=background,
+                                                            build_niceness=0))
 
 
 @pytest.fixture(scope="module")
