@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 
-.PHONY: run test install services migrate demo-models bench
+.PHONY: run test install services secret-key migrate demo-models bench
 
 install:
 	@scripts/bootstrap.sh
@@ -10,7 +10,12 @@ install:
 services:
 	@scripts/services.sh up
 
-migrate: install services
+# The checkout's SECRET_KEY, made once as run.sh makes it, so manage.py runs before a first `make run`.
+secret-key: install
+	@mkdir -p var; if [[ -z "$${SECRET_KEY:-}" && ! -s var/secret_key ]]; then \
+	  (umask 077 && $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" >var/secret_key); fi
+
+migrate: install services secret-key
 	@$(PY) manage.py migrate --no-input -v0
 
 # In a terminal, run.sh gets a process group of its own (set -m), which the terminal's Ctrl-C goes to:

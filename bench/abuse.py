@@ -116,7 +116,7 @@ def prepare(args) -> tuple[dict[str, str], str, list[str]]:
 
     from metadata.models import ModelVersion
     from metadata.models import Session, Tenant, TenantMembership
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)
@@ -215,7 +215,7 @@ async def open_streams(args, base_url: str, tokens: dict, sessions: list[str], s
     """Open a stream on every session, probe while they are open, then end them all."""
     import httpx2
 
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     limits = httpx2.Limits(max_connections=len(sessions) + 50, max_keepalive_connections=len(sessions) + 50)
     streams = Streams()

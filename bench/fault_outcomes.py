@@ -133,7 +133,7 @@ class Outcome:
 
 def stream_counts(session_id: str) -> tuple[int, int]:
     """(``done`` events, ``tokens`` events of a step already seen) in the session's Redis stream."""
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     done, repeated, steps = 0, 0, set()
     for _entry_id, fields in token_stream.client().xrange(token_stream.stream_key(session_id)):
@@ -162,7 +162,7 @@ def outcome(session_id: str, expected: Expected | None, deadline: float, max_tok
     the client got ``done`` (or gave up with the session). ``settle``: seconds to wait after the
     session ended before reading it (a run woken after a pause or a partition would write then,
     if anything let it)."""
-    from inference.worker.recorder import pg_text
+    from metadata.history import pg_text
 
     has_ended = ended(session_id, deadline)
     time.sleep(settle)

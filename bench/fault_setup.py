@@ -46,7 +46,7 @@ def prepare() -> Callable[[list[int]], str]:
 
     from inference.engine.models.loading import load_tokenizer
     from metadata.models import ModelVersion
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)

@@ -1,7 +1,7 @@
 """The fault bench's stream clients (bench/faults.py): one per faulted session, following its
 stream from the first event, as an application reading ``/sessions/{id}/stream/`` does.
 
-Each client runs the web's own follow (``metadata.api.follow.follow``: the committed steps from
+Each client runs the web's own follow (``sessions.streams.follow``: the committed steps from
 the token table, then the live ones from Redis, then the end) on one event loop in a thread of
 the bench, and, like an SSE client with ``Last-Event-ID``, opens it again after the last event it
 got whenever it breaks (a Redis or PostgreSQL restart, a flushed stream) or goes idle. What it
@@ -68,8 +68,8 @@ class StreamClients:
 
     @staticmethod
     async def _follow(session_id: str, streamed: Streamed) -> None:
-        from metadata.api.follow import follow
-        from metadata.sessions.token_stream import IDLE_LIMIT, StreamEntry
+        from sessions.streams.follow import follow
+        from sessions.streams.token_stream import IDLE_LIMIT, StreamEntry
 
         after = "0-0"
         try:

@@ -96,7 +96,7 @@ class ReconcilerThread(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from inference.worker.reconciler import reconcile_sessions
+        from sessions.runs.reconciler import reconcile_sessions
         from metadata.partitions import MaintenanceLockBusy
 
         while not self.stopped.wait(self.every):

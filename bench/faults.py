@@ -211,7 +211,7 @@ class FaultBench:
     def broker_flush(self, run: int) -> None:
         import redis
 
-        from metadata.sessions import token_stream
+        from sessions.streams import token_stream
 
         broker = redis.Redis.from_url(self.services.broker.url()) if self.services else token_stream.client()
         slots = self.args.concurrency * len(self.workers)  # one session more waits in the broker
@@ -265,7 +265,7 @@ class FaultBench:
                 note = (f"{worker.role} cut off {time.monotonic() - started:.1f} s at {at_fault} tokens, "
                         f"taken over: {taken}")
             else:
-                from inference.worker.fencing import database_now
+                from sessions.runs import database_now
 
                 service = getattr(self.services, kind.removeprefix("restart_"))
                 # A session that had ended by the time the service was down was not hit (and a

@@ -83,7 +83,7 @@ def prepare(clients: int) -> tuple[str, list[str]]:
     from rest_framework.authtoken.models import Token
 
     from metadata.models import Tenant, TenantMembership
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)
@@ -206,7 +206,7 @@ def main() -> None:
             connections.close_all()
             drop_database(args.admin_url, BENCH_DB)
             try:
-                from metadata.sessions import token_stream
+                from sessions.streams import token_stream
 
                 token_stream.client().flushdb()  # the queued tasks and the caches' keys
             except Exception as exc:  # noqa: BLE001 (cleanup: report, do not mask the run's error)

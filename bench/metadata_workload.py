@@ -85,7 +85,7 @@ def writer_process(url: str, archive_dir: str, created: dt.datetime, stop, resul
     with the rotation being measured."""
     setup_django(url, archive_dir)
     from metadata.models import TokenKind, TokenRecord
-    from metadata.sessions.writers import insert_ignoring_conflicts
+    from metadata.history import insert_ignoring_conflicts
 
     batches: list[tuple[float, int]] = []
     batch_size = 100

@@ -103,7 +103,7 @@ def warm_by_write_through(ids: list[str]) -> None:
     """Leave Redis as production does: each session's state written through at its last update
     (in-process tiers start empty in the spawned readers)."""
     from metadata.cache import default_guard
-    from metadata.sessions import STATE, invalidate_session
+    from sessions.state import STATE, invalidate_session
 
     for sid in ids:
         invalidate_session(sid, regions=[STATE])

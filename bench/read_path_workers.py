@@ -155,7 +155,7 @@ def writer_process(ids, writes_per_s, stop, results) -> None:
     from django.utils import timezone
 
     from metadata.models import Session
-    from metadata.sessions import STATE, cache_for, invalidate_session
+    from sessions.state import STATE, cache_for, invalidate_session
 
     pause = 1.0 / writes_per_s if writes_per_s > 0 else None
     while pause is not None and not stop.is_set():
@@ -176,7 +176,7 @@ def own_writes_worker(index, processes, ids, cycles, inbox, outbox, barrier, res
 
         from metadata.models import Session
         from metadata.replicas import lsn
-        from metadata.sessions import STATE, get_session_state, invalidate_session
+        from sessions.state import STATE, get_session_state, invalidate_session
 
         writers = 2
         mine = ids[index::processes]
@@ -232,7 +232,7 @@ def redis_down_worker(index, processes, threads, ids, down, up, stop, barrier, r
 
         from metadata.cache import HITS, REDIS
         from metadata.replicas import lsn
-        from metadata.sessions import build_state_cache
+        from sessions.state import build_state_cache
 
         cache = build_state_cache()
         tally = Counter()

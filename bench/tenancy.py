@@ -112,7 +112,7 @@ def prepare() -> tuple[dict[str, str], str, dict[str, str], tuple[str, str], lis
 
     from metadata.models import ModelVersion
     from metadata.models import Session, Tenant, TenantMembership
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     token_stream.client().flushdb()
     call_command("migrate", verbosity=0)
@@ -143,7 +143,7 @@ def prepare() -> tuple[dict[str, str], str, dict[str, str], tuple[str, str], lis
 
 def publish_done(session_id: str) -> None:
     """End an idle session's stream as a worker ends a session."""
-    from metadata.sessions import token_stream
+    from sessions.streams import token_stream
 
     token_stream.publish(session_id, "done", {"status": "cancelled", "finish_reason": "cancelled", "error": ""})
 
@@ -151,7 +151,7 @@ def publish_done(session_id: str) -> None:
 def common_blocks(one: str, other: str) -> int:
     """The tokens of the whole 16-token blocks two prompts share from their start (the tiny pair's
     tokenizer: what the prefix cache matches on)."""
-    from inference.api.tokenizers import tokenizer_for
+    from inference.tokenizers import tokenizer_for
     from metadata.models import ModelVersion
 
     target = ModelVersion.objects.using("default").get(name="tiny", role="target", status="active")

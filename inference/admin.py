@@ -5,7 +5,7 @@ charts the acceptance of each (target, draft) pair over time from the rollups, a
 version only after a confirmation page that says which active version it retires and that the
 prediction cache entries of the retired versions are invalidated.
 
-The session admin is ``metadata.admin``'s (read-only); this app adds what needs the models:
+The session admin is ``sessions.admin``'s (read-only); this app adds what needs the models:
 re-running a session with the same parameters, and spelling the draft trees' token ids with the
 target's tokenizer.
 
@@ -37,17 +37,17 @@ from django.utils.html import format_html, format_html_join
 from inference import version_files
 from inference.api.serializers import GenerationRequestSerializer
 from inference.engine.drafters.registry import DRAFTERS
-from inference.api.tokenizers import tokenizer_for
+from inference.tokenizers import tokenizer_for
 from inference.models import CanaryMismatch
 from metadata.models import ModelVersion, VersionStatus
 from inference.registry import DeviceNotServed, promote_version
 from inference.variant_registry import VariantBuildError, build_variant
-from inference.generations import GenerationRefused, submit_generation
-from metadata import admin as metadata_admin
 from metadata.admin_filters import choices_filter
 from metadata.admin_tenancy import restrict
 from metadata.models import Session
-from metadata.sessions import detail_page as session_view
+from sessions import admin as sessions_admin
+from sessions.detail import page as detail_page
+from sessions.submission import GenerationRefused, submit_generation
 from core.charts import PALETTE, Series, line_chart
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def tokenizer_decoder(session: Session):
         tokenizer = tokenizer_for(str(session.target.directory))
     except Exception:
         logger.info("admin: tokenizer of %s unavailable; draft trees show token pieces/ids", session.target)
-        return session_view.pieces_decoder
+        return detail_page.pieces_decoder
 
     def decoder(rows):
         pieces = {row.token_id: row.piece for row in rows}  # what the session itself emitted, exactly
@@ -104,9 +104,9 @@ admin.site.unregister(Session)
 
 
 @admin.register(Session)
-class SessionAdmin(metadata_admin.SessionAdmin):
+class SessionAdmin(sessions_admin.SessionAdmin):
     actions = ["cancel", "rerun_selected"]
-    list_filter = (*metadata_admin.SessionAdmin.list_filter, choices_filter("drafter", lambda: list(DRAFTERS)),
+    list_filter = (*sessions_admin.SessionAdmin.list_filter, choices_filter("drafter", lambda: list(DRAFTERS)),
                    choices_filter("queue", served_queues))
 
     def has_rerun_permission(self, request, obj=None) -> bool:

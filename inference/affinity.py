@@ -127,6 +127,13 @@ def holder(version_id: int, scope: str, token_ids: Sequence[int]) -> str | None:
     return node if load["running"] < load["capacity"] else None
 
 
+def route_session(session, tenant) -> str | None:
+    """Submission's router (``sessions.submission.route_with``, registered by ``InferenceConfig.ready``):
+    the direct queue of the node holding the longest recorded prefix of the session's prompt in its
+    tenant's scope, or None (the model's device queue)."""
+    return route(session.target, session.prompt, tenant.prefix_cache_scope())
+
+
 def route(target, prompt: str, scope: str):
     """Web: the queue for a new session of `target` (a ModelVersion) with `prompt` in prefix cache
     `scope`: the direct queue of the node holding its longest prefix recorded in that scope, or
@@ -135,7 +142,7 @@ def route(target, prompt: str, scope: str):
         return None
     from celery.utils.nodenames import worker_direct
 
-    from inference.api.tokenizers import tokenizer_for
+    from inference.tokenizers import tokenizer_for
 
     try:
         node = holder(target.pk, scope, tokenizer_for(str(target.directory))(prompt)["input_ids"])

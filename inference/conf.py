@@ -11,12 +11,12 @@ from pathlib import Path
 
 from core.conf_base import AppSettings, Setting
 from metadata.conf import SETTINGS as METADATA_SETTINGS
+from sessions.conf import SETTINGS as SESSION_SETTINGS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SETTINGS = (
     Setting("SPECOPS_CACHE_DIR", Path, Path.home() / ".cache" / "specops", "build caches of the demo pair (trained tokenizers)"),
-    Setting("SPECOPS_PREDICTION_CACHE_TTL_S", int, 3600, "lifetime of a cached deterministic result"),
     Setting("SPECOPS_RESIDENT_MODELS", int, 4, "model versions a worker process keeps loaded"),
     Setting("SPECOPS_WORKER_DEVICE", str, "cpu", "device of this worker process: cpu, cuda:0, ..."),
     Setting("SPECOPS_ENGINE_CORE", str, "process",
@@ -61,12 +61,6 @@ SETTINGS = (
             "(inference/affinity.py; workers consume their own Celery direct queue)"),
     Setting("SPECOPS_SPECULATION_POLICY", bool, True, "choose draft depth per step from measured costs (off: fixed)"),
     Setting("SPECOPS_GENERATION_TIMEOUT_S", float, 300.0, "a session still running after this ends with finish reason timeout"),
-    Setting("SPECOPS_SESSION_LEASE_S", float, 30.0, "a running session whose worker has not renewed its lease for this long is re-enqueued"),
-    Setting("SPECOPS_MAX_ATTEMPTS", int, 3, "runs of one session (first run and resumes) before it fails"),
-    Setting("SPECOPS_RECONCILE_QUEUED_S", float, 60.0,
-            "a session queued this long since its last enqueue gets another task (the broker may have lost it)"),
-    Setting("SPECOPS_RECONCILE_GIVE_UP_S", float, 3600.0,
-            "a session still queued this long after its creation fails (no worker took it)"),
     Setting("SPECOPS_TOKEN_FLUSH_MS", int, 200, "longest a generated token waits in the worker before it is written"),
     Setting("SPECOPS_PROGRESS_MS", int, 1000,
             "a running session's token_count and text are written at most this often (its tokens at every flush)"),
@@ -94,6 +88,6 @@ SETTINGS = (
             "tenants admitted by load as on Redis; an existing queue must be deleted first, docs/operations.md)"),
 )
 
-SHARED = tuple(setting for setting in METADATA_SETTINGS if setting.name == "SPECOPS_MODEL_DIR")
+SHARED = (*(setting for setting in METADATA_SETTINGS if setting.name == "SPECOPS_MODEL_DIR"), *SESSION_SETTINGS)
 
 conf = AppSettings((*SETTINGS, *SHARED))

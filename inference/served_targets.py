@@ -1,4 +1,5 @@
-"""Which target serves a model name, through the two-tier cache: one query less per generation request.
+"""Which target serves a model name (through the two-tier cache: one query less per generation request),
+and why none does: still building, not served, or its files missing on this host.
 
 Every ``POST /api/v1/generations/`` looks up the active target of its model (and its default
 draft): an ORM query whose building alone was a sixth of the request's CPU, for an answer that
@@ -17,13 +18,75 @@ from typing import Any
 
 from django.db.models.signals import post_delete, post_save
 
-from inference.generations import served_target
-from metadata.models import ModelRole, ModelVersion, VersionStatus
+from inference import version_files
+from inference.registry import DEMO_NAME, pending_build
 from metadata.cache import TwoTierCache, Versioned, WritePolicy
 from metadata.cache.rows import instance_of, row_of
+from metadata.models import ModelRole, ModelVersion, VersionStatus
 from metadata.replicas import read_routed
+from sessions.submission import GenerationRefused
 
 CACHE_NAME = "served_target"
+
+
+class ModelNotServed(GenerationRefused):
+    """No active target model of that name (``name`` None: none at all)."""
+
+    code = "model_not_found"
+
+    def __init__(self, name: str | None) -> None:
+        super().__init__(f"no active target model named '{name}'." if name
+                         else "no active target model is registered.")
+        self.name = name
+
+
+class ModelBuilding(GenerationRefused):
+    """The model is still being built (the first ``make run``); ask again after ``retry_after_s``."""
+
+    code = "model_building"
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelUnavailable(GenerationRefused):
+    """A registered version's files are missing or unreadable on this host (``inference.version_files``)."""
+
+    code = "model_unavailable"
+    retry_after_s = 60  # files come back when an operator restores them, not within seconds
+
+    def __init__(self, version: ModelVersion, missing: str) -> None:
+        super().__init__(f"model '{version.name}' is unavailable: the files of {version.name}:{version.version} "
+                         f"({version.role}) are missing or unreadable on this host: {missing}. An operator "
+                         "restores them or promotes another version.")
+        self.version = version
+
+
+def require_files(version: ModelVersion) -> ModelVersion:
+    """``version`` when its files are all there, else ``ModelUnavailable`` naming it and what is missing."""
+    missing = version_files.missing_files(version)
+    if missing is not None:
+        raise ModelUnavailable(version, missing)
+    return version
+
+
+def served_target(name: str | None) -> ModelVersion:
+    """The active target named ``name`` (else the latest promoted one), with its default draft.
+
+    Raises ``ModelBuilding`` while that model (by default the demo) is still being built, else
+    ``ModelNotServed``.
+    """
+    targets = ModelVersion.objects.filter(role=ModelRole.TARGET, status=VersionStatus.ACTIVE)
+    if name:
+        targets = targets.filter(name=name)
+    target = targets.select_related("default_draft").order_by("-promoted_at").first()
+    if target is not None:
+        return target
+    building = pending_build(name or DEMO_NAME)
+    if building is not None:
+        raise ModelBuilding(building["message"], building["retry_after_s"])
+    raise ModelNotServed(name)
 
 
 def load_target(name: str, min_lsn: int = 0) -> Versioned:
@@ -56,7 +119,7 @@ def target_cache() -> TwoTierCache:
 
 
 def cached_served_target(name: str | None) -> ModelVersion:
-    """``inference.generations.served_target`` through the cache (a fresh instance per call).
+    """`served_target` through the cache (a fresh instance per call).
 
     No active target: ``served_target`` itself says why (``ModelBuilding`` or ``ModelNotServed``).
     """

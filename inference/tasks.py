@@ -1,5 +1,10 @@
-"""Celery tasks of the inference app: ``generate`` runs on its model's device queue, the
-reconciler (a beat job) on the ``maintenance`` queue."""
+"""Celery tasks of the inference app, and how a device worker runs a session's task.
+
+``run_generation`` is what a device worker does with ``sessions.generate`` (registered as its
+runner by ``InferenceConfig.ready``): its threads' share across tenants, then the session's run
+in the device's batch. ``canary_replay`` runs on a device queue, ``reconcile_sessions`` (a beat
+job) on the ``maintenance`` queue.
+"""
 from __future__ import annotations
 
 import logging
@@ -8,8 +13,10 @@ from celery import shared_task
 from celery.signals import celeryd_after_setup
 from celery.utils.nodenames import WORKER_DIRECT_EXCHANGE, worker_direct
 
+from core.beat_jobs import PeriodicJob
 from core.queues import MAINTENANCE_QUEUE
 from inference import affinity
+from sessions.tasks import generate
 
 logger = logging.getLogger(__name__)
 
@@ -30,16 +37,14 @@ def remember_node(sender: str, instance=None, **kwargs) -> None:
                         share.threads, share.reserve, share.rows)
 
 
-# ignore_result: nothing reads a generation task's result (the session row is the outcome)
-@shared_task(name="inference.generate", acks_late=True, reject_on_worker_lost=True, bind=True, ignore_result=True)
-def generate(self, session_id: str, tenant=None, deferrals: int = 0) -> str:
+def run_generation(task, session_id: str, tenant=None, deferrals: int = 0) -> str:
     """Run the speculative generation of one session (idempotent: see lifecycle.run_session).
 
-    ``tenant`` (the session's tenant id, sent by the API) lets the worker's claim share decide
+    ``tenant`` (the session's tenant id, sent by submission) lets the worker's claim share decide
     without a query; a message over its tenant's share goes back to the broker with a countdown
     (``deferrals`` counts how often it did) and the task returns "deferred".
     """
-    affinity.set_node(self.request.hostname or None)  # where the signal did not reach (a test's worker)
+    affinity.set_node(task.request.hostname or None)  # where the signal did not reach (a test's worker)
     # Imported here so the web process, which only enqueues, never loads torch and the engine.
     from inference.worker import claim_share
     from inference.worker.batching_loop import device_loop
@@ -53,7 +58,7 @@ def generate(self, session_id: str, tenant=None, deferrals: int = 0) -> str:
             tenant = tenant if tenant is not None else session_tenant(session_id)
             holds = share.try_take(tenant)
             # over its share: back to the broker (if the broker refuses it, it runs over the share)
-            if not holds and defer(self, session_id, tenant, deferrals):
+            if not holds and defer(task, session_id, tenant, deferrals):
                 return DEFERRED
         try:
             return run_session(session_id, submit=lambda job: device_loop().submit(job))
@@ -107,15 +112,25 @@ def canary_replay(session_id: str) -> str:
         return replay(session_id, generate=device_loop().replay)
 
 
+def periodic_jobs() -> list[PeriodicJob]:
+    """Registered by inference migration 0008: with the 30 s lease, a dead worker's session is back
+    on its queue within ~45 s."""
+    return [PeriodicJob("specops: reconcile sessions", "inference.reconcile_sessions", 0, every_seconds=15)]
+
+
 @shared_task(name="inference.reconcile_sessions", queue=MAINTENANCE_QUEUE, ignore_result=True,
              soft_time_limit=60, time_limit=90)
 def reconcile_sessions() -> dict:
-    """Re-enqueue or fail the sessions whose worker died or whose task was lost (beat, every 15 s)."""
-    from inference.worker.reconciler import reconcile_sessions as reconcile
+    """Re-enqueue or fail the sessions whose worker died or whose task was lost
+    (``sessions.runs.reconciler``), then delete expired ``Idempotency-Key`` rows (beat, every 15 s)."""
+    from inference import idempotency
     from metadata.partitions import MaintenanceLockBusy
+    from sessions.runs import reconcile_sessions as reconcile
 
     try:
-        return reconcile().as_dict()
+        report = reconcile().as_dict()
     except MaintenanceLockBusy as exc:
         logger.info("reconcile_sessions skipped: %s", exc)
         return {"skipped": str(exc)}
+    report["keys_expired"] = idempotency.purge_expired()
+    return report

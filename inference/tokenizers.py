@@ -1,15 +1,23 @@
-"""The tokenizer of the version a request is about to use, or a 503 naming the model.
+"""Tokenizers in the web process: request validation, conversation routing, the admin's pages.
 
-Apart from ``tokenizer_for`` (the cache by directory, which routing uses too) because it needs
-``inference.generations``: the refusal is a ``ModelUnavailable`` that both APIs map to a 503.
+``tokenizer_for`` loads a model directory's tokenizer once (small; kept per directory);
+``tokenizer_of`` is the tokenizer of the version a request is about to use, or a
+``ModelUnavailable`` (a 503 naming the model in both APIs) when its files are missing or
+transformers cannot read them.
 """
 from __future__ import annotations
 
-from transformers import PreTrainedTokenizerBase
+from functools import lru_cache
 
-from inference.api.tokenizers import tokenizer_for
-from inference.generations import ModelUnavailable, require_files
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from inference.served_targets import ModelUnavailable, require_files
 from metadata.models import ModelVersion
+
+
+@lru_cache(maxsize=16)
+def tokenizer_for(directory: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
 def tokenizer_of(version: ModelVersion) -> PreTrainedTokenizerBase:

@@ -1,6 +1,6 @@
 """API requests rolled up on write: the ``api`` series of the operators' rollups (``OpsRollup``).
 
-Every logged API request (the ``request_logged`` signal of ``metadata.sessions.request_log``) is
+Every logged API request (the ``request_logged`` signal of ``metadata.request_log``) is
 added to its per-minute rollup, one row per minute and status class with a mergeable latency
 histogram: counted in memory and flushed to the database at most every ``ROLLUP_FLUSH_S`` as one
 upsert that *adds* to the stored counts, so processes never contend on a row per request, and a

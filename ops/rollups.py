@@ -48,7 +48,7 @@ from metadata.models import (
     Session,
     Tenant,
 )
-from metadata.sessions.timings import (
+from sessions.detail.timings import (
     step_times_from_stream,
     streams_of,
     timings_from_steps,
@@ -64,7 +64,7 @@ REAGGREGATE = timedelta(minutes=3)  # late writes of these minutes are picked up
 FIRST_RUN_BACK = timedelta(hours=1)
 MAX_SPAN = timedelta(hours=4)  # per run; a longer gap is caught up over the next runs
 SESSION_LOOKBACK = timedelta(hours=1)
-STREAM_TTL = timedelta(hours=1)  # metadata.sessions.token_stream.STREAM_TTL_S
+STREAM_TTL = timedelta(hours=1)  # sessions.streams.token_stream.STREAM_TTL_S
 MINUTE_RETENTION = timedelta(days=2)
 HOUR_RETENTION = timedelta(days=90)
 PROGRESS_SERIES = "_progress"

@@ -1,17 +1,25 @@
 """The ops app's beat tasks (found by autodiscovery, and imported by ``OpsConfig.ready``).
 
 Both run on the maintenance queue (``specops.celery`` routes ``ops.*`` there) and are registered
-with beat by name: ``ops.sample_ops_metrics`` every minute (``metadata.partitions.beat_jobs``),
-``ops.roll_up_ops`` every 30 s (metadata migration 0007, renamed by 0014).
+with beat by name (`periodic_jobs`, by ops migration 0002): ``ops.sample_ops_metrics`` every
+minute, ``ops.roll_up_ops`` every 30 s.
 """
 from __future__ import annotations
 
 from celery import shared_task
 
+from core.beat_jobs import PeriodicJob
 from ops.gauges import sample_and_set_gauges
 from ops.rollups import roll_up
 
-__all__ = ["roll_up_ops", "sample_ops_metrics"]
+__all__ = ["periodic_jobs", "roll_up_ops", "sample_ops_metrics"]
+
+
+def periodic_jobs() -> list[PeriodicJob]:
+    return [
+        PeriodicJob("specops: sample operational gauges", "ops.sample_ops_metrics", 1),
+        PeriodicJob("specops: roll up operational metrics", "ops.roll_up_ops", 0, every_seconds=30),
+    ]
 
 
 @shared_task(name="ops.sample_ops_metrics")

@@ -8,7 +8,7 @@ the page is stale, so adding a setting means running this script:
     .venv/bin/python scripts/config_docs.py            # rewrite the generated part
     .venv/bin/python scripts/config_docs.py --check    # exit 1 if it is stale
 
-It imports the three ``conf.py`` modules only (plain declarations: no database, Redis or broker).
+It imports the apps' ``conf.py`` modules only (plain declarations: no database, Redis or broker).
 """
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ END = "<!-- END GENERATED -->"
 # Each declaring module, with the title of its table.
 SOURCES = (
     ("core.conf", "core/conf.py: API objectives, throttling, streams, tracing, latency budget"),
-    ("metadata.conf", "metadata/conf.py: the metadata store (partitions, maintenance, replicas, caches, insights)"),
-    ("inference.conf", "inference/conf.py: models, workers, batching, sessions, the OpenAI API"),
+    ("metadata.conf", "metadata/conf.py: the metadata store (model directories, partitions, maintenance, replicas, caches, insights)"),
+    ("sessions.conf", "sessions/conf.py: a session's life (leases, attempts, the reconciler, the prediction cache)"),
+    ("inference.conf", "inference/conf.py: models, workers, batching, the OpenAI API"),
 )
 
 # Defaults computed when settings load: how each one reads in the page. A new callable default

@@ -1,8 +1,8 @@
 """The Celery app: per-device queues for models, a maintenance queue for beat jobs.
 
-Queues: ``cpu``, one ``gpu.N`` per visible CUDA device, and ``maintenance``. An inference task is
-sent to its target model version's queue (``ModelVersion.queue``, from the version's device) by
-``inference.generations.submit_generation``; beat jobs go to ``maintenance`` by task name.
+Queues: ``cpu``, one ``gpu.N`` per visible CUDA device, and ``maintenance``. A session's task
+(``sessions.generate``) is sent to its target model version's queue (``ModelVersion.queue``, from
+the version's device) by ``sessions.submission``; beat jobs go to ``maintenance`` by task name.
 """
 from __future__ import annotations
 
@@ -49,10 +49,10 @@ app.conf.update(
 )
 app.autodiscover_tasks()
 
-# Task modules that no import chain of a web or beat process reaches (autodiscovery runs in
-# workers only): beat schedules ``inference.reconcile_sessions`` by name, and metadata, which
-# registers the beat jobs, may not import inference. Registered once the app is finalized.
-EAGER_TASK_MODULES = ("inference.tasks",)
+# Task modules that no import chain of a web or beat process may reach (autodiscovery runs in
+# workers only): beat schedules ``inference.reconcile_sessions`` by name, and a web process sends
+# ``sessions.generate`` through its task object. Registered once the app is finalized.
+EAGER_TASK_MODULES = ("sessions.tasks", "inference.tasks")
 
 
 @app.on_after_finalize.connect
@@ -79,7 +79,7 @@ def visibility_timeout_s(generation_timeout_s: float, task_time_limit_s: float |
     return int(longest + VISIBILITY_MARGIN_S)
 
 
-# Message priorities, 0-9 (``inference.generations.broker_priority``: a tenant with fewer sessions
+# Message priorities, 0-9 (``sessions.submission.broker_priority``: a tenant with fewer sessions
 # in flight is ahead): one Redis list per level, so the broker hands out the most urgent first.
 PRIORITY_STEPS = list(range(10))
 

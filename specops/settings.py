@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from inference.conf import SETTINGS as INFERENCE_SETTINGS
 from metadata.conf import SETTINGS as METADATA_SETTINGS
+from sessions.conf import SETTINGS as SESSION_SETTINGS
 from core.conf import SETTINGS as PROJECT_SETTINGS
 from core.conf_base import read_declared
 from core.database_config import database_settings
@@ -72,7 +73,7 @@ CACHES = {
 
 
 # App settings: each declared once, with its default, in its app's conf.py (docs/configuration.md lists them).
-read_declared(env, globals(), (*METADATA_SETTINGS, *INFERENCE_SETTINGS, *PROJECT_SETTINGS))
+read_declared(env, globals(), (*METADATA_SETTINGS, *SESSION_SETTINGS, *INFERENCE_SETTINGS, *PROJECT_SETTINGS))
 THROTTLE_RATE_PATTERN = r"(?i)none|[0-9]+/(s|sec|second|m|min|minute|h|hour|d|day)"
 for _name in ("SPECOPS_THROTTLE_USER_RATE", "SPECOPS_THROTTLE_TENANT_RATE", "SPECOPS_THROTTLE_GENERATION_RATE",
               "SPECOPS_THROTTLE_LOGIN_RATE"):
@@ -97,6 +98,7 @@ INSTALLED_APPS = [
     "django_prometheus",
     "core.apps.CoreConfig",
     "metadata",
+    "sessions.apps.SessionsConfig",
     "inference",
     "ops.apps.OpsConfig",
 ]
@@ -115,7 +117,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "metadata.sessions.request_log.RequestLogMiddleware",
+    "metadata.request_log.RequestLogMiddleware",
     # After the request log: its own write must not count as the client's write.
     "metadata.replicas.middleware.ReadYourWritesMiddleware",
     "django_prometheus.middleware.PrometheusAfterMiddleware",

@@ -20,7 +20,7 @@ urlpatterns = [
     path("admin/login/", throttled_login(admin.site.login), name="specops-admin-login"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
-    path("api/v1/", include("metadata.api.urls")),
+    path("api/v1/", include("sessions.api.urls")),
     path("v1/", include("inference.api.openai.urls")),  # the OpenAI-compatible protocol
     # signed-in callers only, the schema built once per process, Swagger UI from the package (core.schema_views)
     path("api/schema/", CachedSpectacularAPIView.as_view(), name="schema"),

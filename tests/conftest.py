@@ -186,6 +186,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_unconfigure(config):
     """The test database is dropped by now: rows the request log still holds would fail to insert at
     exit (a warning on a closed stream). Nothing reads them after the last test."""
-    request_log = sys.modules.get("metadata.sessions.request_log")  # imported only if a test used it
+    request_log = sys.modules.get("metadata.request_log.middleware")  # imported only if a test used it
     if request_log is not None:
         request_log.writer.drop_pending()

@@ -36,6 +36,18 @@ def generate_and_wait(client, body: dict, timeout: float = 120.0) -> dict:
     return wait_for(finished, timeout=timeout, what="the generation to finish")
 
 
+def claim(session) -> int | None:
+    """Claim ``session`` as a worker's task does (``sessions.runs.claim_session``) and set the run's
+    fence on the instance: the fence, or None when another run holds it."""
+    from sessions.runs import claim_session
+
+    claimed = claim_session(session.pk)
+    if claimed is None:
+        return None
+    session.attempts = claimed.attempts
+    return claimed.attempts
+
+
 def broker_lists(queue: str = "cpu") -> list[bytes]:
     """The Redis broker's lists of ``queue``: Celery keeps one per priority level (``cpu``,
     ``cpu\x06\x163``, ...), so a message of any priority is in one of them."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOORS = ("core", "metadata", "inference", "ops", "specops")  # bottom up
+FLOORS = ("core", "metadata", "sessions", "inference", "ops", "specops")  # bottom up
 APPS = FLOORS
 
 # module -> {imported module: line of the first import statement that makes the edge}

@@ -17,7 +17,7 @@ from django.conf import settings as django_settings
 from django.core.management import call_command
 from rest_framework.authtoken.models import Token
 
-from inference import prediction_cache
+from sessions.submission import prediction_cache
 from inference.demo import demo_build_progress
 from inference.demo.builder import DemoBuildConfig, build_demo_models
 from inference.demo.jobs import QUICK_SUBDIR, DemoJob, run_job

@@ -9,7 +9,7 @@ from rest_framework import serializers
 
 from core.parsers import BodyNotJSON, loads_json_field, nesting_depth
 from inference import version_files
-from inference.api.version_tokenizers import tokenizer_of
+from inference.tokenizers import tokenizer_of
 from inference.engine.config import GenerationConfig
 from inference.engine.constraints import ConstraintError, OutputConstraint, constraint_from_response_format
 from inference.engine.constraints.grammar import remember_constraint
@@ -21,7 +21,6 @@ from inference.engine.drafters import (
     DrafterParameter,
 )
 from inference.engine.errors import ConfigError
-from inference.generations import ModelNotServed, ModelUnavailable, require_files
 from inference.limits import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
@@ -37,8 +36,9 @@ from inference.limits import (
     TOP_P_RULE,
     temperature_rule,
 )
+from inference.served_targets import ModelNotServed, ModelUnavailable, cached_served_target, require_files
+from inference.worker.session_params import is_deterministic
 from metadata.models import ModelVersion
-from inference.served_targets import cached_served_target
 
 
 def _json_kind(value: Any) -> str:
@@ -271,6 +271,10 @@ class GenerationRequestSerializer(serializers.Serializer):
             return cached_served_target(name)
         except ModelNotServed as exc:
             raise serializers.ValidationError({"model": exc.message}) from None
+
+    def deterministic(self) -> bool:
+        """Whether the request gives the same tokens every time (the prediction cache answers only those)."""
+        return is_deterministic(self.params())
 
     def params(self) -> dict:
         """What the session row stores: sampling settings plus every parameter of its drafter."""

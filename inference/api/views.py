@@ -20,11 +20,11 @@ from inference.api.serializers import (
     ModelVersionSerializer,
 )
 from inference import idempotency
-from inference.generations import GenerationRefused, ModelNotServed, start_generation
-from metadata.models import ModelVersion, VersionStatus
 from inference.registry import DeviceNotServed, promote_version
-from metadata.api.tenancy import tenant_of
-from metadata.models import Session
+from inference.served_targets import ModelNotServed
+from metadata.api import tenant_of
+from metadata.models import ModelVersion, Session, VersionStatus
+from sessions.submission import GenerationRefused, start_generation
 
 
 def refusal_error(refusal: GenerationRefused) -> APIException:

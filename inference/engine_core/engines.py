@@ -102,7 +102,7 @@ class LocalEngines:
         report = StepReport(pair, events, list(engine.forward_log), timing=engine.last_step_timing,
                             steps=getattr(engine, "steps", 0), seconds=time.perf_counter() - started,
                             prefix_cache=replace(self.prefix_cache.stats) if self.prefix_cache.enabled else None,
-                            runners=engine.runners.snapshot() or None)
+                            runners=_runner_stats(engine))
         engine.forward_log.clear()
         if engine.last_decision is not None:
             report.decision_depth = engine.last_decision.depth
@@ -138,3 +138,9 @@ class LocalEngines:
 
         return list(generate_plain(target.model, list(prompt_ids), config,
                                    decode=target.tokenizer.decode).token_ids)
+
+
+def _runner_stats(engine):
+    """The compiled forwards' stats of an engine that has runners (a test's stand-in engine has none)."""
+    runners = getattr(engine, "runners", None)
+    return runners.snapshot() or None if runners is not None else None

@@ -27,11 +27,12 @@ from django.db import connections
 
 from core import tracing
 from inference.conf import conf
-from inference.worker import database_retry, metrics
+from inference.worker import metrics
 from inference.worker.lifecycle import write_end
 from inference.worker.recorder import BatchRecorder, PendingFlush, publish_step
 from inference.worker.session_job import SessionEnd
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
+from sessions.runs import database_retry
 
 logger = logging.getLogger(__name__)
 

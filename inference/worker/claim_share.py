@@ -1,9 +1,9 @@
-"""A device worker's task threads shared across tenants: the claim share (issue 29).
+"""A device worker's task threads shared across tenants: the claim share.
 
 Each task thread of a device worker holds one session from its claim to its end
 (lifecycle.run_session), so the worker's threads (Celery's ``--concurrency``) are the sessions
 it holds: the batch's rows and those waiting in its engine for a row. The broker hands a quiet
-tenant's message out first (inference.generations.broker_priority), and the engine admits it
+tenant's message out first (sessions.submission.broker_priority), and the engine admits it
 first (inference/engine/batch/fair_admission.py), but only once a thread takes it: first come,
 first served, a busy tenant's backlog holds every thread, and the next tenant's message waits
 until one of its sessions ends (measured: most of a quiet tenant's time to first token under a

@@ -10,7 +10,7 @@ text) of the sessions due one rides in the same transaction, one bulk UPDATE at 
 flush; the writer thread (write_behind.py) `write`s it, publishes the steps (`publish_step`),
 and ends the sessions (lifecycle.write_end).
 
-Fenced (fencing.py): each flush carries the fence of every session it writes for; the writer
+Fenced (``sessions.runs.fencing``): each flush carries the fence of every session it writes for; the writer
 locks those sessions' rows in the flush's transaction and writes only the rows and progress of
 the runs that still own them. What a stale run wrote is dropped, and `write` names it, so the
 loop drops the run.
@@ -27,24 +27,13 @@ from django.utils import timezone
 
 from core import tracing
 from inference.conf import conf
-from inference.worker.fencing import bound_stall, lock_sessions, owns, ran_last
+from metadata.history import BatchWriter, pg_text, token_records
 from metadata.models import Candidate, Session, TokenKind, TokenRecord
-from metadata.sessions import token_stream
-from metadata.sessions.state import invalidate_sessions
-from metadata.sessions.writers import BatchWriter
+from sessions.runs import bound_stall, lock_sessions, owns, ran_last, write_progress
+from sessions.streams import token_stream
 
 if TYPE_CHECKING:  # the engine (torch) loads only where sessions run, not where they end
     from inference.engine.batch.engine import RowEvent
-
-# PostgreSQL text cannot hold NUL (0x00), which a model may generate. Token ids are the truth;
-# the text column and each token's piece show NUL as U+2400 (SYMBOL FOR NULL) instead.
-NUL_IN_TEXT = "\u2400"
-
-
-def pg_text(text: str) -> str:
-    """`text` as PostgreSQL can store it: NUL shown as U+2400 (see NUL_IN_TEXT)."""
-    return text.replace("\x00", NUL_IN_TEXT) if "\x00" in text else text
-
 
 def token_kinds(drafted: int, accepted: int, bonus: bool, count: int) -> list[int]:
     """The kind of each emitted token of one step (a stop may have cut the step short)."""
@@ -52,14 +41,6 @@ def token_kinds(drafted: int, accepted: int, bonus: bool, count: int) -> list[in
         return [TokenKind.TARGET] * count
     last = TokenKind.BONUS if bonus else TokenKind.CORRECTION
     return [TokenKind.ACCEPTED if offset < accepted else last for offset in range(count)]
-
-
-def token_records(session: Session, start: int, step: int, token_ids: Sequence[int], kinds: Sequence[int],
-                  decode: Callable[[list[int]], str]) -> list[TokenRecord]:
-    """The token rows of one step of ``session``: its tokens at positions ``start``, ``start + 1``, ..."""
-    return [TokenRecord(session_id=session.pk, session_created_at=session.created_at, position=start + offset,
-                        step=step, token_id=token_id, piece=pg_text(decode([token_id])), kind=kind, logprob=None)
-            for offset, (token_id, kind) in enumerate(zip(token_ids, kinds, strict=True))]
 
 
 @dataclass
@@ -108,7 +89,7 @@ class SessionRecorder:
 
     @property
     def fence(self) -> int:
-        """The fence of this run: the ``attempts`` its claim returned (lifecycle.claim)."""
+        """The fence of this run: the ``attempts`` its claim returned (``sessions.runs.claim_session``)."""
         return self.session.attempts
 
     def progress_row(self, now) -> Session:
@@ -162,8 +143,6 @@ class BatchRecorder:
     flush is due; the writer thread `write`s what was taken through a BatchWriter of its own,
     which keeps the rows of a flush that failed for the next one.
     """
-
-    PROGRESS_FIELDS = ("token_count", "text", "updated_at", "last_activity_at")
 
     def __init__(self) -> None:
         self.writer = BatchWriter((TokenRecord, Candidate))  # the loop thread's
@@ -230,9 +209,7 @@ class BatchRecorder:
         progress: dict[Hashable, Session] = {}  # a later flush's progress replaces an earlier's
         for flush in flushes:
             progress.update((row.pk, row) for row in flush.fenced(current).progress)
-        if progress:
-            Session.objects.bulk_update(list(progress.values()), self.PROGRESS_FIELDS)
-            invalidate_sessions(progress)  # together: one reload, one Redis round trip per region
+        write_progress(list(progress.values()))  # their cached states together: one reload, one round trip
         return current
 
     @staticmethod

@@ -1,5 +1,6 @@
 """A session's stored parameters as the engine's configs: what a run (lifecycle.py) and a replay
-(canary.py) both build from the same row."""
+(canary.py) both build from the same row, and whether they make it deterministic (the
+prediction cache keys only those requests)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,11 @@ def generation_config(params: dict, eos_token_id: int | None) -> GenerationConfi
     given = {name: params[name] for name in ("temperature", "top_k", "top_p", "seed") if name in params}
     return GenerationConfig(max_new_tokens=params["max_new_tokens"], stop_strings=tuple(params.get("stop", ())),
                             eos_token_id=eos_token_id, constraint=output_constraint(params), **given)
+
+
+def is_deterministic(params: dict) -> bool:
+    """Greedy, or sampling with a fixed seed: the same request gives the same tokens."""
+    return float(params.get("temperature", GenerationConfig.temperature)) == 0.0 or params.get("seed") is not None
 
 
 def output_constraint(params: dict) -> OutputConstraint | None:

@@ -1,13 +1,14 @@
-"""The metadata store's REST API: sessions, their tokens and candidates, scoped to the tenant.
+"""What every API over the store shares: who calls, for which tenant, and keyset pages of its tables.
 
-``urls`` (mounted by ``specops/urls.py`` with ``include("metadata.api.urls")``) routes to the
-viewsets in ``views``, which render with ``serializers``. Shared with the inference API:
-``KeysetPagination`` and its column spec ``KeyColumn`` (keyset pages with opaque cursors, correct
-for mixed ASC/DESC orderings), the concrete ``SessionPagination`` / ``TokenPagination`` /
-``CandidatePagination``, and ``tenant_of`` (the tenant a request acts for).
+``authentication`` (API tokens, their user, membership and tenant through the two-tier cache),
+``credentials`` (whether a request's headers carry valid credentials, before its body is read),
+``async_views`` (the same checks for plain async views, and ``run_db``), ``tenancy``
+(``tenant_of``: the tenant a request acts for), ``pagination`` (``KeysetPagination`` and its
+column spec ``KeyColumn``: keyset pages with opaque cursors, correct for mixed ASC/DESC
+orderings; the concrete ``SessionPagination`` / ``TokenPagination`` / ``CandidatePagination``).
+The endpoints are the apps' above: ``sessions.api`` and ``inference.api``.
 
-Importing this package loads nothing: the names below load DRF and the models on first use, and
-views, serializers and urls are reached by their module path.
+Importing this package loads nothing: the names below load DRF and the models on first use.
 """
 from __future__ import annotations
 

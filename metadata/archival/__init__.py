@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from metadata.archival.archiver import STEP_ORDER, UNFINISHED, CrashPoint, InjectedCrash, PartitionArchiver, resume_step
 from metadata.archival.errors import ArchivalError, ArchiveIntegrityError
+from metadata.archival.families import archived_days, archived_session_job
 from metadata.archival.files import (
     ArchiveManifest,
     archive_path,
@@ -35,6 +36,6 @@ __all__ = [
     "STEP_ORDER", "UNFINISHED",
     "ArchivalError", "ArchiveIntegrityError", "ArchiveManifest", "CrashPoint", "InjectedCrash", "PartitionArchiver",
     "RestoreResult",
-    "archive_path", "checksum_of_archive", "export_table", "file_sha256", "import_archive", "manifest_path",
+    "archive_path", "archived_days", "archived_session_job", "checksum_of_archive", "export_table", "file_sha256", "import_archive", "manifest_path",
     "restore_archive", "resume_step", "table_checksum",
 ]

@@ -1,9 +1,9 @@
-"""Crash safety, second part: when a session's task was last enqueued, and the reconciler's beat job.
+"""Crash safety, second part: when a session's task was last enqueued.
 
 ``enqueued_at`` lets the reconciler tell a session whose task the broker lost (queued long after
-its last enqueue) from one that is merely waiting. The job (``inference.reconcile_sessions``,
-every 15 s on the maintenance queue) is registered by ``metadata.partitions.beat_jobs``,
-idempotently by name; migrating backwards leaves it (disable it in the admin).
+its last enqueue) from one that is merely waiting. The store's beat jobs are registered again
+(``metadata.partitions.beat_jobs``, idempotently by name); the reconciler's own job is the
+inference app's to register (its migration 0008).
 """
 from django.db import migrations, models
 

@@ -1,16 +1,15 @@
-"""Beat jobs registered under the old task names run the renamed tasks.
+"""The cache stats job registered under a task name that named no module runs its task.
 
-``metadata.cache_tasks.snapshot_cache_stats`` named a module that never existed; the ops tasks
-are the ``ops`` app's now. Only the ``task`` of existing periodic tasks changes (name, interval,
-queue and whatever an operator edited stay); backwards restores the old names.
+``metadata.cache_tasks.snapshot_cache_stats`` named a module that never existed. Only the
+``task`` of an existing periodic task changes (name, interval, queue and whatever an operator
+edited stay); backwards restores the old name. The ops app points its own jobs at its tasks
+(ops migration 0002).
 """
 from django.db import migrations
 from django.utils import timezone
 
 RENAMED = {
     "metadata.cache_tasks.snapshot_cache_stats": "metadata.cache.snapshot_cache_stats",
-    "specops.sample_ops_metrics": "ops.sample_ops_metrics",
-    "specops.roll_up_ops": "ops.roll_up_ops",
 }
 
 

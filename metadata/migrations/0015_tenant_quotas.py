@@ -2,7 +2,7 @@
 index that counts a tenant's live sessions cheaply.
 
 ``session_tenant_live`` is a partial index of the sessions queued or running, by tenant: the
-quota's count (``inference.generations.live_generations``) reads only the tenant's live rows,
+quota's count (``sessions.submission.admission``) reads only the tenant's live rows,
 never its finished ones (with the tenant-recent index alone, the planner reads every session of
 the tenant in every partition and filters them). It is made on the partitioned parent, so every
 partition has it, and ``metadata.partitions.ddl.build_parent_indexes`` copies it onto new ones.

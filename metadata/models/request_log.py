@@ -1,6 +1,6 @@
 """The request log: one row per API request, RANGE-partitioned on ``requested_at``.
 
-Written by ``metadata.sessions.request_log.RequestLogMiddleware``; the raw record the operators'
+Written by ``metadata.request_log.RequestLogMiddleware``; the raw record the operators'
 API rollups can be rebuilt from (``ops.rollups.backfill_api``).
 """
 from __future__ import annotations

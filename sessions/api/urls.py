@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from metadata.api import views
+from sessions.api import views
 
 router = SimpleRouter()
 router.register("sessions", views.SessionViewSet, basename="session")

@@ -1,3 +1,8 @@
+"""The sessions' REST API: list, read, cancel, page through tokens and candidates, and stream one session.
+
+Scoped to the caller's tenant: another tenant's session is as absent as a missing one. A session
+whose day was archived is a 410.
+"""
 from __future__ import annotations
 
 import json
@@ -19,26 +24,20 @@ from core.api_errors import Conflict, Gone
 from core.conf import conf as project_conf
 from core.error_views import error_response
 from core.sse import HEARTBEAT, sse_message, sse_response
+from metadata.api import CandidatePagination, SessionPagination, TokenPagination, tenant_of
 from metadata.api.async_views import Refused, authorize
-from metadata.api.follow import StreamLimitReached, StreamSlot, follow
-from metadata.api.pagination import (
-    CandidatePagination,
-    SessionPagination,
-    TokenPagination,
-)
-from metadata.api.serializers import (
+from metadata.archival import archived_session_job
+from metadata.models import Candidate, Session, TokenRecord
+from sessions.api.serializers import (
     CandidateSerializer,
     SessionListSerializer,
     SessionSerializer,
     TokenSerializer,
     public_error,
 )
-from metadata.api.tenancy import tenant_of
-from metadata.archival.families import archived_session_job
-from metadata.models import Candidate, Session, TokenRecord
-from metadata.sessions import stream_hub, token_stream
-from metadata.sessions.cancel import cancel_sessions
-from metadata.sessions.state import get_session_detail, get_session_state
+from sessions.runs import cancel_sessions
+from sessions.state import get_session_detail, get_session_state
+from sessions.streams import StreamLimitReached, StreamSlot, follow, stream_hub, token_stream
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ def session_stream(request: HttpRequest, pk) -> HttpResponse:
     web's one thread hop (``core.view_mode_router``), the events are sent from the event loop (a
     stream holds no thread). Each ``tokens`` event's ``id`` is its step's entry
     id (``<step + 1>-0``); a client that reconnects with ``Last-Event-ID`` resumes after it. The
-    committed steps come from the token table first (``metadata.sessions.history``), so a stream
+    committed steps come from the token table first (``sessions.streams.replay``), so a stream
     opened late or after Redis lost it still has every step once, in order. A comment (``: heartbeat``) comes
     after every ``SPECOPS_STREAM_HEARTBEAT_S`` without an event. The last event is ``done``
     (``{"status": succeeded|failed|cancelled, "finish_reason", "error"}``, also when the session

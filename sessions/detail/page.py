@@ -21,7 +21,7 @@ from rest_framework.exceptions import ValidationError
 
 from metadata.api.pagination import decode_cursor, encode_cursor
 from metadata.models import LIVE_STATUSES, Candidate, Session, TokenKind, TokenRecord
-from metadata.sessions.timings import timings_of
+from sessions.detail.timings import timings_of
 from core.charts import Series, bar_chart
 
 STEPS_PER_PAGE = 20

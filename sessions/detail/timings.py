@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """A run that takes a session over adopts the steps an earlier run streamed but never committed.
 
 Each step's tokens go to the session's stream as soon as they are verified, and their rows
-commit a flush later (recorder.py): a client may have been streamed steps that no row holds when
-the run that made them dies, pauses past its lease or is cut off. Resuming from the committed
+commit a flush later (the worker's recorder): a client may have been streamed steps that no row
+holds when the run that made them dies, pauses past its lease or is cut off. Resuming from the committed
 tokens alone made those positions again; a sampled run drew other tokens there, and a client
 kept text the session never stored. So the claim of a new run reads, in the atomic step that
 raises the stream's fence (token_stream.begin_run: the old run can stream nothing more), the
@@ -26,13 +26,11 @@ from dataclasses import dataclass
 from django.db import transaction
 from redis.exceptions import RedisError
 
-from inference.worker import database_retry
-from inference.worker.fencing import lock_owned
-from inference.worker.recorder import token_records
+from metadata.history import BatchWriter, token_records
 from metadata.models import Session, TokenKind, TokenRecord
-from metadata.sessions import token_stream
-from metadata.sessions.stream_hub import StreamEntry
-from metadata.sessions.writers import BatchWriter
+from sessions.runs import database_retry
+from sessions.runs.fencing import lock_owned
+from sessions.streams import StreamEntry, token_stream
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +136,9 @@ class AbandonedEnd:
 @functools.lru_cache(maxsize=8)
 def _tokenizer(directory: str):
     """A model's tokenizer, kept: one reconciler pass may end hundreds of sessions of one model."""
-    from inference.engine.models.loading import load_tokenizer
+    from transformers import AutoTokenizer
 
-    return load_tokenizer(directory)
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
 def end_of_abandoned(session: Session) -> AbandonedEnd | None:

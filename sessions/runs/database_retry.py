@@ -1,8 +1,8 @@
-"""A worker's reads and writes tried again while PostgreSQL is briefly out of reach (a restart, a cut
+"""A run's reads and writes tried again while PostgreSQL is briefly out of reach (a restart, a cut
 connection), so a database restart of a second fails no session.
 
 A statement is tried every ``RETRY_EVERY_S`` for half a lease and at least ``RETRY_FOR_AT_LEAST_S``.
-A retry past the lease is safe: every write of a run is fenced (fencing.py), so the rows or the
+A retry past the lease is safe: every write of a run is fenced (``fencing``), so the rows or the
 end of a run that another has taken over meanwhile are refused, never written twice.
 Hand-written rather than a retry library's decorator: each try must first give the thread's
 broken connection back (``close_old_connections``) and the window follows the lease.
@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from django.db import InterfaceError, OperationalError, close_old_connections
 
-from inference.conf import conf
+from sessions.conf import conf
 
 logger = logging.getLogger(__name__)
 

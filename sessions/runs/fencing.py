@@ -2,20 +2,20 @@
 
 A session's lease alone did not say which run holds it: a worker paused past its lease (a GC
 pause, a frozen VM, a model load) woke up after the reconciler had re-queued its sessions and
-another run had claimed them, and both runs wrote rows, progress, finishes and stream events
-(issue 27). Now each claim increments ``attempts`` and reads it back in the same statement
-(``UPDATE … RETURNING``): that number is the run's fence. Every write of the run carries it and
-is checked by the database against the row, in the write's own transaction:
+another run had claimed them, and both runs wrote rows, progress, ends and stream events. So each
+claim increments ``attempts`` and reads it back in the same statement (``UPDATE … RETURNING``,
+``claims``): that number is the run's fence. Every write of the run carries it and is checked by
+the database against the row, in the write's own transaction:
 
-- token and candidate rows and progress (recorder.BatchRecorder.write), lease renewals
-  (lifecycle.renew_leases) and the end (lifecycle.finish_session) first lock the session rows
-  they touch (`lock_owned`, ``FOR NO KEY UPDATE``) and write only for the runs that still own
-  them: ``attempts`` equal to the fence, and the session running (or cancelled with its end not
-  yet written). A claim's UPDATE waits for that lock, so a write either commits before the claim
-  (and the new run resumes after it) or sees the new fence and is refused.
+- token and candidate rows and progress (the worker's flush), lease renewals (``leases``) and
+  the end (``ending``) first lock the session rows they touch (`lock_owned`, ``FOR NO KEY
+  UPDATE``) and write only for the runs that still own them: ``attempts`` equal to the fence,
+  and the session running (or cancelled with its end not yet written). A claim's UPDATE waits
+  for that lock, so a write either commits before the claim (and the new run resumes after it)
+  or sees the new fence and is refused.
 - the Redis stream refuses a publish whose fence is below the one the newest run recorded
-  (metadata.sessions.token_stream.begin_run / publish_fenced); the newest run adopts what the
-  older ones streamed past the committed tokens (adoption.py).
+  (``sessions.streams.token_stream.begin_run`` / ``publish_fenced``); the newest run adopts what
+  the older ones streamed past the committed tokens (``adoption``).
 
 A run told that its fence is stale stops: the batching loop drops its row without a final write.
 Lease times come from the database's clock (``statement_timestamp()``, Django's ``Now()``), never
@@ -23,22 +23,13 @@ a worker's.
 """
 from __future__ import annotations
 
-import logging
-import socket
-import threading
-from collections.abc import Hashable, Iterable, Mapping
-from datetime import datetime, timedelta
-from typing import Self
+from collections.abc import Hashable, Iterable
+from datetime import datetime
 
-from django.db import close_old_connections, connection, connections, transaction
-from django.db.models import DurationField, Value
-from django.db.models.functions import Now
+from django.db import connection
 
-from inference.conf import conf
-from metadata.ids import created_at_of
 from metadata.models import Session, SessionStatus
-
-logger = logging.getLogger(__name__)
+from sessions.conf import conf
 
 SUPERSEDED = "superseded"  # a run's status when a later run of its session took it over
 
@@ -100,137 +91,3 @@ def database_now() -> datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement_timestamp()")
         return cursor.fetchone()[0]
-
-
-# {created_at}: a parameter, or for an id that carries no time a subquery of it
-_CLAIM = f"""
-UPDATE {Session._meta.db_table}
-   SET status = 'running', started_at = COALESCE(started_at, statement_timestamp()),
-       updated_at = statement_timestamp(), last_activity_at = statement_timestamp(),
-       lease_expires_at = statement_timestamp() + make_interval(secs => %s),
-       worker = %s, attempts = attempts + 1
- WHERE id = %s AND created_at = {{created_at}}
-   AND (status = 'queued' OR (status = 'running' AND (lease_expires_at IS NULL
-                                                      OR lease_expires_at < statement_timestamp())))
-RETURNING {{returning}}"""
-_CLAIM_SQL = _CLAIM.format(created_at="%s", returning="attempts")
-
-
-def claim(session: Session) -> int | None:
-    """Take the session's lease (only when it is queued, or running with a lapsed lease, by the
-    database's clock) and return the run's fence, or None when another run holds it.
-
-    The fence is read back in the claiming statement, so no other claim can come between; it is
-    also set on ``session.attempts``, which the run's writes carry from here on. The session's
-    cached state is left to the caller (``invalidate_session``): run_session invalidates it once
-    the run is in the batch, off the path to its first token.
-    """
-    with connections["default"].cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, [conf.SESSION_LEASE_S, socket.gethostname(), session.pk, session.created_at])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    session.attempts = row[0]
-    return row[0]
-
-
-def _columns(model, alias: str) -> str:
-    return ", ".join(f'{alias}."{field.column}"' for field in model._meta.concrete_fields)
-
-
-def claim_session(session_id) -> Session | None:
-    """``claim`` for a session known by its id alone (a task's message), and its row read back:
-    the claimed Session with its ``target`` and ``draft`` loaded, or None when it was not
-    claimable (ended, or another run holds its lease: the caller reads its status).
-
-    One round trip, pruned to the session's partition (a UUIDv7 id carries its ``created_at``;
-    an older id's comes from a scalar subquery): it was a read by id alone, which searched every
-    partition's index, then the claim.
-    """
-    from metadata.models import ModelVersion
-
-    created_at = created_at_of(session_id)
-    sessions = Session._meta.db_table
-    when = "%s" if created_at is not None else f"(SELECT created_at FROM {sessions} WHERE id = %s)"
-    sql = f"""
-WITH claimed AS ({_CLAIM.format(created_at=when, returning="*")})
-SELECT {_columns(Session, "claimed")}, {_columns(ModelVersion, "target")}, {_columns(ModelVersion, "draft")}
-  FROM claimed
-  JOIN {ModelVersion._meta.db_table} target ON target.id = claimed.target_id
-  LEFT JOIN {ModelVersion._meta.db_table} draft ON draft.id = claimed.draft_id"""
-    db = connections["default"]
-    with db.cursor() as cursor:
-        cursor.execute(sql, [conf.SESSION_LEASE_S, socket.gethostname(), session_id,
-                             created_at if created_at is not None else session_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    first = len(Session._meta.concrete_fields)
-    second = first + len(ModelVersion._meta.concrete_fields)
-    session = _instance(Session, row[:first], db)
-    session.target = _instance(ModelVersion, row[first:second], db)
-    session.draft = _instance(ModelVersion, row[second:], db) if row[second] is not None else None
-    return session
-
-
-def _instance(model, values, db):
-    """A model instance from its concrete fields' column values, converted as the ORM converts a
-    row it reads (a JSON field's text parsed, ...)."""
-    fields = model._meta.concrete_fields
-    converted = []
-    for field, value in zip(fields, values, strict=True):
-        column = field.get_col(model._meta.db_table)
-        for convert in db.ops.get_db_converters(column) + column.get_db_converters(db):
-            value = convert(value, column, db)
-        converted.append(value)
-    return model.from_db(db.alias, [field.attname for field in fields], converted)
-
-
-def lease_until() -> Now:
-    """``statement_timestamp() + SESSION_LEASE_S``, on the database's clock."""
-    return Now() + Value(timedelta(seconds=conf.SESSION_LEASE_S), output_field=DurationField())
-
-
-def renew_leases(runs: Mapping[Hashable, int]) -> set:
-    """Heartbeat: extend the leases of the sessions whose runs (id -> fence) still own them, so
-    the reconciler leaves them be; return the ids whose fence is stale (another run took over, or
-    the session was re-queued or ended under this run): their run must stop."""
-    wanted = set(runs.items())
-    if not wanted:
-        return set()
-    with transaction.atomic():
-        owned = lock_owned(wanted)
-        if owned:
-            Session.objects.filter(pk__in=[pk for pk, _ in owned], status=SessionStatus.RUNNING).update(
-                lease_expires_at=lease_until(), last_activity_at=Now())
-    return {pk for pk, _ in wanted - owned}
-
-
-class LeaseKeeper:
-    """Renews one run's lease from a timer thread while its task thread is busy (the models
-    load under the residency's lock after the claim, which may take longer than a lease)."""
-
-    def __init__(self, session: Session) -> None:
-        self.runs = {session.pk: session.attempts}
-        self.stale = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"specops-lease-{session.pk}", daemon=True)
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(conf.SESSION_LEASE_S / 3):
-                try:
-                    self.stale = self.stale or bool(renew_leases(self.runs))
-                except Exception:  # the next tick tries again; the loop's renewals follow
-                    logger.exception("renewing the lease of %s while it prepares failed", list(self.runs))
-                    close_old_connections()
-        finally:
-            connections.close_all()  # this thread's

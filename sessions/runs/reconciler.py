@@ -20,12 +20,11 @@ A session is left behind in two ways (DESIGN.md, the Celery traps):
   ``RECONCILE_GIVE_UP_S`` after its creation fails: no worker serves its queue.
 
 One pass at a time (``pg_try_advisory_lock`` on a direct connection). This module only finds
-the sessions; lifecycle.py changes them (`requeue`, `fail_abandoned`, which writes a cancelled
-session's end as cancelled), each change an UPDATE that
-repeats the condition the session was picked by, so a worker that claims or finishes the session
-in between wins. Nothing is published to a session's stream here but a failure's or a
-cancellation's final event (by ``finish_session``): a re-enqueued session's stream continues
-when it resumes. Each pass also deletes expired ``Idempotency-Key`` rows (``inference.idempotency``).
+the sessions; ``requeue`` changes them (`requeue`, `fail_abandoned`, which writes a cancelled
+session's end as cancelled), each change an UPDATE that repeats the condition the session was
+picked by, so a worker that claims or ends the session in between wins. Nothing is published to
+a session's stream here but a failure's or a cancellation's final event (by ``end_session``): a
+re-enqueued session's stream continues when it resumes.
 """
 from __future__ import annotations
 
@@ -38,13 +37,12 @@ from django.conf import settings
 from django.db.models import Q
 
 from core.database_config import maintenance_alias
-from inference import idempotency
-from inference.conf import conf
-from inference.worker.fencing import database_now
-from inference.worker.lifecycle import EnqueueFailed, fail_abandoned, requeue
 from metadata.models import Session, SessionStatus
 from metadata.partitions import advisory_lock
-from metadata.replicas.lsn import primary_only
+from metadata.replicas import lsn
+from sessions.conf import conf
+from sessions.runs.fencing import database_now
+from sessions.runs.requeue import EnqueueFailed, fail_abandoned, requeue
 
 logger = logging.getLogger(__name__)
 
@@ -61,15 +59,13 @@ class ReconcileReport:
     failed: list[str] = field(default_factory=list)  # attempts exhausted, or waited too long
     cancelled: list[str] = field(default_factory=list)  # cancelled while running; its worker died
     enqueue_errors: list[str] = field(default_factory=list)  # left queued; the next pass retries
-    keys_expired: int = 0  # Idempotency-Key rows deleted
 
     def as_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
         return (f"resumed={len(self.resumed)} requeued={len(self.requeued)} failed={len(self.failed)} "
-                f"cancelled={len(self.cancelled)} enqueue_errors={len(self.enqueue_errors)} "
-                f"keys_expired={self.keys_expired}")
+                f"cancelled={len(self.cancelled)} enqueue_errors={len(self.enqueue_errors)}")
 
 
 def lease_lapsed(now: datetime) -> Q:
@@ -114,12 +110,11 @@ class SessionReconciler:
         """
         now = now or database_now()
         report = ReconcileReport()
-        with primary_only(), advisory_lock(RECONCILER_LOCK, maintenance_alias(settings.DATABASES)):
+        with lsn.primary_only(), advisory_lock(RECONCILER_LOCK, maintenance_alias(settings.DATABASES)):
             self.lost_workers(now, report)
             self.abandoned_cancels(now, report)
             self.given_up(now, report)
             self.lost_tasks(now, report)
-            report.keys_expired = idempotency.purge_expired()
         if report.resumed or report.failed or report.cancelled or report.enqueue_errors:
             logger.warning("reconcile_sessions: %s", report.summary())
         elif report.requeued:  # a backlog looks the same: not worth a warning each pass
@@ -149,8 +144,8 @@ class SessionReconciler:
                 .values_list("pk", flat=True)[:BATCH])
         for pk in rows:
             # the end written under the row's lock, the condition checked again there; a cancelled
-            # session's end is written as cancelled (lifecycle.end_session), its stream told
-            if fail_abandoned(pk, cancelled_unended(now), "cancelled; its worker was lost", now, self.worker_name):
+            # session's end is written as cancelled (end_session), its stream told
+            if fail_abandoned(pk, cancelled_unended(now), "cancelled; its worker was lost", self.worker_name):
                 report.cancelled.append(str(pk))
 
     def given_up(self, now: datetime, report: ReconcileReport) -> None:
@@ -168,7 +163,7 @@ class SessionReconciler:
                 report.requeued.append(str(pk))
 
     def _requeue(self, pk, queue: str, condition: Q, now: datetime, report: ReconcileReport, **fields) -> bool:
-        """Re-enqueue the session if ``condition`` still holds (lifecycle.requeue)."""
+        """Re-enqueue the session if ``condition`` still holds (``requeue``)."""
         try:
             return requeue(pk, queue, condition, now, **fields)
         except EnqueueFailed:  # the broker is down: it stays queued, and a later pass sends it again
@@ -177,8 +172,8 @@ class SessionReconciler:
             return False
 
     def _fail(self, pk, condition: Q, error: str, now: datetime, report: ReconcileReport) -> None:
-        """Fail the session if ``condition`` still holds (lifecycle.fail_abandoned)."""
-        if fail_abandoned(pk, condition, error, now, self.worker_name):
+        """Fail the session if ``condition`` still holds (``fail_abandoned``)."""
+        if fail_abandoned(pk, condition, error, self.worker_name):
             report.failed.append(str(pk))
 
 

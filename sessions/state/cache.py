@@ -1,4 +1,4 @@
-"""Session reads for the API and the workers, through the two-tier cache.
+"""A session's state and detail, read through the two-tier cache, and kept true by the package's own writes.
 
 Two regions per session, cached under separate keys so a write can invalidate just one:
 
@@ -6,15 +6,16 @@ Two regions per session, cached under separate keys so a write can invalidate ju
   read over and over. One index-only scan of ``session_state_covering``. Write-through: a write
   reloads it from the primary right after commit and stores it in Redis, so the next burst starts
   warm in every process (cache-aside left Redis empty after each write, and every process's first
-  read of the session went to PostgreSQL: issue 28). The reload is one primary read per session
-  and commit, on the writer's thread: the worker writes progress at most every
+  read of the session went to PostgreSQL). The reload is one primary read per session and
+  commit, on the writer's thread: the worker writes progress at most every
   ``SPECOPS_PROGRESS_MS`` (one transaction for all its sessions), off the batching loop.
 * ``detail``: the whole row with its target model, for ``GET /api/v1/sessions/{id}/``.
   Cache-aside: read far less often, and its ``text`` is the large part.
 
-Writers that use ``Session.objects.filter(...).update(...)`` (no post_save signal) must call
-``invalidate_session(session_id)`` afterwards; ``save()`` and ``delete()`` are covered by the
-signal receivers below.
+Who invalidates: the writes of this package (the claim, progress, the end, cancel, a re-queue)
+call ``invalidate_session`` / ``invalidate_sessions`` after their ``UPDATE``; ``save()`` and
+``delete()`` of a ``Session`` anywhere are covered by the signal receivers below. Nothing outside
+the package calls them (``tests/test_session_home.py`` checks it).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from django.dispatch import receiver
 from metadata.cache import CacheConfig, RedisGuard, TwoTierCache, ValueCodec, Versioned, WritePolicy
 from metadata.cache.rows import instance_of, row_of
 from metadata.ids import created_at_of
-from metadata.models import Session
+from metadata.models import ModelVersion, Session
 from metadata.replicas import lsn, read_routed
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,7 @@ def _detail_rows(session: Session) -> dict[str, Any]:
 
 def _detail_of(rows: dict[str, Any]) -> Session:
     session = instance_of(Session, rows["session"])
-    # the target's model through the foreign key: metadata imports nothing of inference
-    session.target = instance_of(Session._meta.get_field("target").related_model, rows["target"])
+    session.target = instance_of(ModelVersion, rows["target"])
     return session
 
 
@@ -190,7 +190,7 @@ def invalidate_sessions(session_ids: Iterable[uuid.UUID | str], regions: Iterabl
 
 
 def seed_new_session_state(session: Session) -> None:
-    """Put a session just inserted (``metadata.sessions.admission``) in Redis once it commits.
+    """Put a session just inserted (``sessions.submission.admission``) in Redis once it commits.
 
     What the write-through does after a write, without its read back: the state of a new row is
     known (queued, no tokens), and nothing else can have written the row between its commit and

@@ -1,7 +1,7 @@
 """A session's events for a web reader: its committed steps, then the live ones, then its end.
 
-The one follow of a session's stream, for every async view that reads one (the metadata API's
-``/sessions/{id}/stream/`` and the OpenAI protocol's replies): ``metadata.sessions.history``
+The one follow of a session's stream, for every async view that reads one (the sessions API's
+``/sessions/{id}/stream/`` and the OpenAI protocol's replies): ``sessions.streams.replay``
 joins the token table and the Redis stream, and a session that ended without a ``done`` (its
 worker died, it was cancelled) gets one made from its row. The database reads run off the event
 loop and give their connection back at once (``run_db``): a stream may stay open for minutes.
@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 
 from core.conf import conf
 from metadata.api.async_views import run_db
-from metadata.sessions import history, token_stream
+from sessions.streams import replay, token_stream
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +103,11 @@ def follow(session_id, after: str = "0-0", *, idle_limit_s: float, slot: StreamS
     last item) after ``idle_limit_s``. With a ``slot``, it is renewed while the stream is open
     and released when it ends (close the iterator: ``contextlib.aclosing``).
     ``history_first=False``: the session has made no token yet, its table is not read first
-    (``history.areplay``).
+    (``replay.areplay``).
     """
-    items = history.areplay(
+    items = replay.areplay(
         session_id, after, heartbeat_s=conf.STREAM_HEARTBEAT_S, idle_limit_s=idle_limit_s,
-        committed=lambda step: run_db(history.committed_steps, session_id, step),
+        committed=lambda step: run_db(replay.committed_steps, session_id, step),
         ended=lambda: run_db(token_stream.ended_event, session_id), history_first=history_first)
     return items if slot is None else _holding(items, slot)
 

@@ -30,9 +30,9 @@ from django.db.models import Subquery
 
 from metadata.ids import created_at_of
 from metadata.models import Session, TokenRecord
-from metadata.sessions import token_stream
-from metadata.sessions.stream_hub import parse_entry_id
-from metadata.sessions.token_stream import StreamEntry, step_entry_id
+from sessions.streams import token_stream
+from sessions.streams.stream_hub import parse_entry_id
+from sessions.streams.token_stream import StreamEntry, step_entry_id
 
 logger = logging.getLogger(__name__)
 

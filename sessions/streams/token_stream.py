@@ -9,7 +9,7 @@ misses a token; the key expires an hour after the last write. Events: ``tokens``
 the process's stream hub reads for it, one blocking ``XREAD`` for all open streams): it resumes after a given entry id (the SSE ``Last-Event-ID``), reports
 quiet intervals so the caller can send heartbeats, asks the caller whether a quiet session has
 ended without a ``done`` entry (its worker died, it was cancelled, its stream expired), and
-gives up after an idle limit. ``follow`` is the blocking reader for scripts and tests.
+gives up after an idle limit.
 
 Fencing: a worker's run of a session writes under a fence, the ``attempts`` number its claim
 returned. Every append goes through one Lua script (`publish_many`) that refuses an event whose
@@ -25,7 +25,7 @@ import asyncio
 import json
 import os
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +33,8 @@ import redis
 import redis.asyncio
 from django.conf import settings
 
-from metadata.sessions import stream_hub
-from metadata.sessions.stream_hub import StreamEntry
+from sessions.streams import stream_hub
+from sessions.streams.stream_hub import StreamEntry
 
 STREAM_TTL_S = 3600
 SEALED = 1 << 40  # the fence a done records: above every run's (attempts is a smallint)
@@ -241,41 +241,6 @@ def raise_fence(session_id, fence: int) -> None:
     _script("raise_fence", _RAISE_FENCE_LUA)(keys=[fence_key(session_id)], args=[int(fence), STREAM_TTL_S])
 
 
-def forget_after(session_id, step: int) -> int:
-    """Delete the events after step `step` (those a crashed run streamed but never committed),
-    so a resumed run publishes them again from what it generates; returns how many went."""
-    key = stream_key(session_id)
-    entries = client().xrange(key, min=f"({step_entry_id(step)}", max="+")
-    if entries:
-        pipe = client().pipeline()  # MULTI/EXEC: nobody sees the stream between the two
-        pipe.xdel(key, *[entry_id for entry_id, _ in entries])
-        # XDEL leaves the stream's last id where it was, and XADD refuses ids at or below it:
-        # without this the resumed run's steps up to the crashed run's last one would be dropped.
-        pipe.execute_command("XSETID", key, step_entry_id(step))
-        pipe.execute()
-    return len(entries)
-
-
-def follow(session_id, block_ms: int = 1000, idle_limit: int = 60) -> Iterator[tuple[str, dict]]:
-    """Yield (event, data) from the start until a ``done`` event or ``idle_limit`` empty reads."""
-    key = stream_key(session_id)
-    last_id = "0-0"
-    idle = 0
-    while idle < idle_limit:
-        batches = client().xread({key: last_id}, block=block_ms, count=100)
-        if not batches:
-            idle += 1
-            continue
-        idle = 0
-        for _key, entries in batches:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                event = fields[b"event"].decode()
-                yield event, json.loads(fields[b"data"])
-                if event == "done":
-                    return
-
-
 # ---- async reading (the ASGI web server) ------------------------------------------------------
 
 HEARTBEAT = "heartbeat"  # afollow: nothing new for heartbeat_s
@@ -391,7 +356,7 @@ def ended_event(session_id) -> dict | None:
     Reads the session's state through the two-tier cache, and the row only once it has ended.
     """
     from metadata.models import LIVE_STATUSES, Session
-    from metadata.sessions.state import get_session_state
+    from sessions.state import get_session_state
 
     state = get_session_state(session_id)
     if state is None:

@@ -6,12 +6,12 @@ counted, and the count, the check and the ``INSERT`` happen before the lock is r
 READ COMMITTED a statement sees what committed before it began, so the count must be a statement
 that begins after the lock is held, never the locking statement itself.
 
-This used to be five round trips (``BEGIN``, the lock, the count, the ``INSERT``, ``COMMIT``):
-about 45 % of a generation request's time in the web process (bench/README.md, "Generation
-POST"). It is now one: the lock and a ``WITH`` statement that counts, checks and inserts, sent as
-one simple query (psycopg's client-side binding, Django's default for PostgreSQL). PostgreSQL
-runs the statements of one simple query as one transaction, each with its own snapshot, and
-commits at its end, so the lock is held from before the count until the commit, as before. Inside
+Five round trips (``BEGIN``, the lock, the count, the ``INSERT``, ``COMMIT``) took about 45 % of
+a generation request's time in the web process (bench/README.md, "Generation POST"); this is one:
+the lock and a ``WITH`` statement that counts, checks and inserts, sent as one simple query
+(psycopg's client-side binding, Django's default for PostgreSQL). PostgreSQL runs the statements
+of one simple query as one transaction, each with its own snapshot, and commits at its end, so
+the lock is held from before the count until the commit. Inside
 a caller's transaction (a test, the admin's re-run) they are part of it and the lock is held until
 it ends.
 
@@ -19,7 +19,7 @@ Nothing is written past the limit. Nothing is invalidated either: no cache can h
 the new id (a fresh UUIDv7, and a "no such row" is never cached), which is why this writes with
 raw SQL and no ``post_save`` (its invalidation after commit read the row back and wrote two cache
 regions: three Redis round trips and two database reads for nothing); ``seed_new_session_state``
-puts the known state in Redis instead (``metadata.sessions.state``).
+puts the known state in Redis instead (``sessions.state``).
 """
 from __future__ import annotations
 

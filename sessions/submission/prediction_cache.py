@@ -1,7 +1,7 @@
 """Cached results of repeated deterministic generation requests.
 
-Only deterministic requests are cached: greedy decoding (temperature 0), or sampling with a seed.
-An entry is keyed by tenant, target and draft version ids, drafter, prompt and every sampling
+Only deterministic requests are cached: greedy decoding (temperature 0), or sampling with a seed
+(the caller says which: it knows its engine's defaults). An entry is keyed by tenant, target and draft version ids, drafter, prompt and every sampling
 parameter, and expires after ``SPECOPS_PREDICTION_CACHE_TTL_S``. Tenant is part of the key: a
 hit is seconds faster than a miss, which would tell one tenant what another one asked.
 
@@ -10,12 +10,12 @@ namespace counter (``specops:pred:ns:<version id>``), which is part of every key
 key scan; the orphaned entries expire on their own.
 
 Integration:
-* worker, after a successful generation: ``remember_result(session, text=..., token_count=...,
-  finish_reason=..., stats=...)`` (a no-op when the request was not deterministic);
-* API, before writing the session (``inference.generations.start_generation``):
-  ``serve_from_cache(validated, params, tenant, user)`` returns a new session already succeeded
-  with the cached result (the caller answers 200 with it, no task is enqueued), or None on a miss
-  (the usual 202 flow).
+* worker, after a successful generation: ``remember_result(session, deterministic=..., text=...,
+  token_count=..., finish_reason=..., stats=...)`` (a no-op when the request was not deterministic);
+* submission, before writing the session (``sessions.submission.start_generation``):
+  ``serve_from_cache(validated, params, tenant, user, deterministic=...)`` returns a new session
+  ended as succeeded with the cached result (the caller answers 200 with it, no task is
+  enqueued), or None on a miss (the usual 202 flow).
 """
 from __future__ import annotations
 
@@ -25,16 +25,18 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Q
 from django.dispatch import receiver
 from django.utils import timezone
+from redis.exceptions import RedisError
 
-from inference.conf import conf
-from inference.engine.config import GenerationConfig
 from metadata.cache import codec
 from metadata.cache.counters import HITS, MISSES, REDIS, CacheStats
 from metadata.cache.redis_tier import UNAVAILABLE, RedisGuard, default_guard
 from metadata.models import Session, SessionStatus, model_promoted
-from metadata.sessions import token_stream
+from sessions.conf import conf
+from sessions.runs import end_session
+from sessions.streams import token_stream
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +45,6 @@ _stats = CacheStats("prediction")
 
 def guard() -> RedisGuard:
     return default_guard()
-
-
-def is_deterministic(params: dict[str, Any]) -> bool:
-    """Greedy, or sampling with a fixed seed: the same request gives the same tokens."""
-    return float(params.get("temperature", GenerationConfig.temperature)) == 0.0 or params.get("seed") is not None
 
 
 def _namespace_key(version_id: int | None) -> str:
@@ -75,16 +72,16 @@ class RequestKey:
 
 
 def request_key(tenant_id: int, target_id: int, draft_id: int | None, drafter: str, prompt: str,
-                params: dict[str, Any]) -> RequestKey | None:
+                params: dict[str, Any], *, deterministic: bool) -> RequestKey | None:
     """The key of a request, or None if it is not deterministic (never cached)."""
-    if not is_deterministic(params):
+    if not deterministic:
         return None
     return RequestKey(tenant_id, target_id, draft_id, drafter, prompt, tuple(sorted(params.items())))
 
 
-def key_for_session(session: Session) -> RequestKey | None:
+def key_for_session(session: Session, *, deterministic: bool) -> RequestKey | None:
     return request_key(session.tenant_id, session.target_id, session.draft_id, session.drafter,
-                       session.prompt, session.params)
+                       session.prompt, session.params, deterministic=deterministic)
 
 
 def _resolve(key: RequestKey, client) -> str:
@@ -129,45 +126,49 @@ def store(key: RequestKey | None, result: dict[str, Any]) -> bool:
     return stored is not UNAVAILABLE and bool(stored)
 
 
-def remember_result(session: Session, *, text: str, token_count: int, finish_reason: str,
+def remember_result(session: Session, *, deterministic: bool, text: str, token_count: int, finish_reason: str,
                     stats: dict[str, Any]) -> bool:
     """Worker hook, after a successful generation: cache its result if the request was
     deterministic (a no-op otherwise). ``session`` supplies the request (tenant, versions, prompt,
     params); the result fields are passed because the worker's copy of the row is not refreshed."""
-    return store(key_for_session(session), {
+    return store(key_for_session(session, deterministic=deterministic), {
         "text": text, "token_count": token_count, "finish_reason": finish_reason, "stats": stats,
         "source_session": str(session.pk),
     })
 
 
-def serve_from_cache(validated: dict[str, Any], params: dict[str, Any], tenant, user) -> Session | None:
-    """API hook: on a hit, write a session that is already succeeded with the cached result.
+def serve_from_cache(validated: dict[str, Any], params: dict[str, Any], tenant, user, *,
+                     deterministic: bool) -> Session | None:
+    """Submission hook: on a hit, a new session ended as succeeded with the cached result.
 
     A new session rather than the cached one: it belongs to this caller's tenant and request.
-    Its token and candidate history stay empty (they belong to ``stats.prediction_cache.source``);
-    its stream gets the whole text and ``done`` at once so followers do not wait.
+    It is written as any other and ended by ``end_session`` with the cached text; its token and
+    candidate history stay empty (they belong to ``stats.prediction_cache.source``); its stream
+    gets the whole text and ``done`` at once so followers do not wait. It does not count against
+    the tenant's quota of live generations: it is never live to anyone but this call.
     """
     target, draft = validated["target"], validated.get("draft")
     key = request_key(tenant.pk, target.pk, draft.pk if draft else None, validated["drafter"],
-                      validated["prompt"], params)
+                      validated["prompt"], params, deterministic=deterministic)
     hit = lookup(key)
     if hit is None:
         return None
-    now = timezone.now()
-    session = Session.objects.create(
+    session = Session(
         tenant=tenant, created_by=user, target=target, draft=draft, drafter=validated["drafter"],
         queue=target.queue, prompt=validated["prompt"], prompt_tokens=validated["prompt_tokens"],
-        params=params, status=SessionStatus.SUCCEEDED, token_count=hit["token_count"], text=hit["text"],
-        finish_reason=hit["finish_reason"],
-        stats={**(hit.get("stats") or {}), "prediction_cache": {"hit": True, "source": hit["source_session"]}},
-        started_at=now, finished_at=now, updated_at=now, last_activity_at=now,
-    )
+        params=params, started_at=timezone.now())
+    Session.objects.bulk_create([session])  # no post_save: its end below keeps the cached state
     try:
         token_stream.publish(session.pk, "tokens", {"step": 0, "token_ids": [], "text": hit["text"]})
-        token_stream.publish(session.pk, "done", {"status": session.status,
-                                                  "finish_reason": session.finish_reason, "error": ""})
-    except Exception:  # the stream is a convenience; the session row already holds the result
+    except Exception:  # the stream is a convenience; the session row holds the result
         logger.warning("could not publish the cached result of session %s to its stream", session.pk)
+    stats = {**(hit.get("stats") or {}), "prediction_cache": {"hit": True, "source": hit["source_session"]}}
+    try:
+        end_session(session, SessionStatus.SUCCEEDED, finish_reason=hit["finish_reason"], text=hit["text"],
+                    token_count=hit["token_count"], stats=stats, unowned=Q(status=SessionStatus.QUEUED),
+                    adopt_streamed=False)
+    except RedisError:  # its done event: the row is written (the end commits before it is published)
+        logger.warning("could not publish the end of session %s to its stream", session.pk)
     return session
 
 

@@ -121,18 +121,18 @@ def test_one_generation_is_one_trace_from_the_request_to_the_batch_writes(
     insert = [span for span in api if span.parent_id == by_name["specops.session_write"].span_id
               and 'INSERT INTO "metadata_session"' in statement(span)]
     assert insert, "the session row's INSERT is traced under specops.session_write"
-    publish = by_name["apply_async/inference.generate"]
+    publish = by_name["apply_async/sessions.generate"]
     assert publish.parent_id == by_name["specops.enqueue"].span_id
 
     body = wait_for(lambda: finished(api_client, session_id), timeout=120, what="the generation to finish")
     assert body["status"] == "succeeded", body["error"]
     # the task span ends when the task returns, a moment after the session's end
-    worker = wait_for(lambda: (lambda spans: spans if any(s.name == "run/inference.generate" for s in spans)
+    worker = wait_for(lambda: (lambda spans: spans if any(s.name == "run/sessions.generate" for s in spans)
                                else None)(worker_spans(spans_file, trace_id)),
                       timeout=30, what="the worker's task span in the spans file")
 
     # the worker continues the request's trace: the task's span is the enqueue's child
-    task = next(span for span in worker if span.name == "run/inference.generate")
+    task = next(span for span in worker if span.name == "run/sessions.generate")
     assert task.parent_id == publish.span_id
     names = [span.name for span in worker]
     queue_wait = next(span for span in worker if span.name == "specops.queue_wait")

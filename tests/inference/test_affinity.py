@@ -10,7 +10,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from inference import affinity
-from inference.api.tokenizers import tokenizer_for
+from inference.tokenizers import tokenizer_for
 from metadata.models import Tenant, TenantMembership
 from tests.helpers import empty_queue, queued_messages
 

@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from inference.generations import ModelNotServed
+from inference.served_targets import ModelNotServed
 from inference.registry import register_pair
 from inference.served_targets import cached_served_target, target_cache
 from metadata.replicas import lsn

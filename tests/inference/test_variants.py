@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference import prediction_cache
+from sessions.submission import prediction_cache
 from inference.engine import GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.models.variants import Int8Linear

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 
 from metadata import admin_paging
 from metadata.admin_paging import EstimatedCountPaginator, estimated_count
-from metadata.api.serializers import LIST_TEXT_CAP
+from sessions.api.serializers import LIST_TEXT_CAP
 from metadata.models import Session
 
 pytestmark = pytest.mark.django_db

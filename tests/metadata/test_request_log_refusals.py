@@ -1,4 +1,4 @@
-"""The request log (``metadata.sessions.request_log``): no row for a refused request (401, 429) or
+"""The request log (``metadata.request_log``): no row for a refused request (401, 429) or
 any request without an authenticated caller (counted in a Prometheus counter instead), so
 anonymous clients and made-up tokens cannot fill the table; rows written in batches off the
 request path."""
@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from metadata.models import RequestLog
-from metadata.sessions.request_log import UNAUTHENTICATED, RequestLogWriter
+from metadata.request_log.middleware import UNAUTHENTICATED, RequestLogWriter
 
 
 @pytest.fixture(autouse=True)

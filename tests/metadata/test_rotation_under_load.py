@@ -31,7 +31,7 @@ from metadata.models import (
     TokenRecord,
 )
 from metadata.partitions import PartitionPolicy, PartitionRotation
-from metadata.sessions.writers import insert_ignoring_conflicts
+from metadata.history import insert_ignoring_conflicts
 from tests.metadata.partition_helpers import BackgroundThreads, day, row_count
 
 POLICY = PartitionPolicy(premake=4, retention=dt.timedelta(days=2))

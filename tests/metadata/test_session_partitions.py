@@ -25,7 +25,7 @@ from metadata.models import (
     TenantMembership,
 )
 from metadata.partitions import PartitionPolicy, PartitionRotation, catalog
-from metadata.sessions.state import _STATE_SQL_PRUNED
+from sessions.state.cache import _STATE_SQL_PRUNED
 from tests.metadata.partition_helpers import day, insert_tokens, row_count
 
 FAMILY = {table: "created_at" if table == "metadata_session" else "session_created_at" for table in SESSION_FAMILY}
@@ -145,7 +145,7 @@ def test_writes_by_id_carry_the_partition_key(week) -> None:
 def test_a_version4_id_is_still_found(week, model_version) -> None:
     legacy = make_session(week[0].tenant, model_version, id=uuid.uuid4(), created_at=day(4, hour=9))
     assert Session.objects.get(pk=legacy.pk).created_at == day(4, hour=9)
-    from metadata.sessions.state import load_session_state
+    from sessions.state.cache import load_session_state
     assert load_session_state(str(legacy.pk)).value["status"] == SessionStatus.SUCCEEDED
 
 

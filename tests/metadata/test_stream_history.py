@@ -18,7 +18,7 @@ from rest_framework.authtoken.models import Token
 from metadata.models import ModelVersion
 from metadata.models import Session, TokenKind, TokenRecord
 from metadata.replicas import lsn
-from metadata.sessions import history, token_stream
+from sessions.streams import replay, token_stream
 from tests.helpers import wait_for
 from tests.inference.api.test_streaming import events, read_stream
 
@@ -163,7 +163,7 @@ def test_a_gap_that_never_fills_is_passed_after_the_wait_not_waited_on_forever(t
         return []
 
     async def read() -> list:
-        items = history.areplay(session.pk, heartbeat_s=0.2, idle_limit_s=5, committed=no_rows, gap_wait_s=0.5)
+        items = replay.areplay(session.pk, heartbeat_s=0.2, idle_limit_s=5, committed=no_rows, gap_wait_s=0.5)
         return [(item.id, item.event) async for item in items if isinstance(item, token_stream.StreamEntry)]
 
     started = time.monotonic()
@@ -181,10 +181,10 @@ def test_without_history_first_the_table_is_read_only_for_what_redis_lacks(tenan
 
         async def committed(from_step: int) -> list:
             reads.append(from_step)
-            return await asyncio.to_thread(history.committed_steps, session.pk, from_step)
+            return await asyncio.to_thread(replay.committed_steps, session.pk, from_step)
 
         async def entries() -> list:
-            items = history.areplay(session.pk, heartbeat_s=0.2, idle_limit_s=5, committed=committed,
+            items = replay.areplay(session.pk, heartbeat_s=0.2, idle_limit_s=5, committed=committed,
                                     history_first=False)
             return [(item.id, item.event) async for item in items if isinstance(item, token_stream.StreamEntry)]
 
@@ -208,12 +208,12 @@ def test_committed_steps_groups_rows_by_step_from_the_asked_step(tenant, target)
     session = new_session(tenant, target)
     commit_steps(session, [0, 1, 2])
 
-    entries = history.committed_steps(session.pk, 1)
+    entries = replay.committed_steps(session.pk, 1)
 
     assert [(e.id, e.event, e.data["step"], e.data["token_ids"]) for e in entries] == [
         ("2-0", "tokens", 1, [13, 14]), ("3-0", "tokens", 2, [15, 16])]
     assert entries[0].data["kinds"] == [TokenKind.ACCEPTED, TokenKind.BONUS]
-    assert history.committed_steps(session.pk, 3) == []
+    assert replay.committed_steps(session.pk, 3) == []
 
 
 def test_the_openai_reply_has_every_step_though_redis_lost_some(live_web, tiny_model, api_user, token):
@@ -240,19 +240,3 @@ def test_the_openai_reply_has_every_step_though_redis_lost_some(live_web, tiny_m
         thread.join()
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == sum(len(ids) for ids in STEPS.values())
-
-
-def test_a_resumed_run_republishes_the_steps_a_crashed_run_streamed_but_never_committed(tenant, target):
-    session_id = "00000000-0000-0000-0000-00000000f0a5"
-    token_stream.client().delete(token_stream.stream_key(session_id))
-    for step in range(6):  # the crashed run streamed six steps; only 0..2 were committed
-        assert token_stream.publish(session_id, "tokens", {"step": step, "token_ids": STEPS[step]}, step=step)
-    assert token_stream.forget_after(session_id, 2) == 3
-    # The resumed run publishes step 3 onwards again (the real Redis refuses ids at or below the
-    # stream's last one, which XDEL alone would have left at step 5's).
-    for step in range(3, 6):
-        assert token_stream.publish(session_id, "tokens", {"step": step, "token_ids": STEPS[step]}, step=step)
-    entries = token_stream.client().xrange(token_stream.stream_key(session_id))
-    assert [json.loads(fields[b"data"])["step"] for _, fields in entries] == list(range(6))
-    assert not token_stream.publish(session_id, "tokens", {"step": 4, "token_ids": [1]}, step=4)  # still once
-    token_stream.client().delete(token_stream.stream_key(session_id))

@@ -16,7 +16,7 @@ import redis.asyncio
 from django.conf import settings
 
 from core.conf import conf
-from metadata.sessions import stream_hub, token_stream
+from sessions.streams import stream_hub, token_stream
 
 FOLLOWERS = 300
 STEPS = 4

@@ -12,7 +12,7 @@ import uuid
 import pytest
 import redis
 
-from metadata.sessions import stream_hub, token_stream
+from sessions.streams import stream_hub, token_stream
 
 REDIS_REFUSES = "99999999999999999999-0"
 

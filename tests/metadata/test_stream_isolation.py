@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
 from metadata.models import Tenant, TenantMembership
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from tests.inference.api.test_streaming import events, new_session, parse_sse, read_stream, target  # noqa: F401
 from tests.web_process import IDLE_LIMIT_S
 

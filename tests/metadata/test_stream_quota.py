@@ -1,7 +1,7 @@
 """A tenant's open session streams are bounded: past its limit one more is a 429 naming the limit,
 with Retry-After; a closed stream frees its place, and a place a dead web process left lapses.
 
-Served by the real ASGI server (uvicorn), counted in the real Redis (``metadata.api.follow``).
+Served by the real ASGI server (uvicorn), counted in the real Redis (``sessions.streams.follow``).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
-from metadata.api.follow import StreamSlot
+from sessions.streams.follow import StreamSlot
 from metadata.models import Tenant, TenantMembership
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from tests.helpers import wait_for
 from tests.inference.api.test_streaming import new_session, target, token  # noqa: F401  (fixtures)
 

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from metadata.sessions import token_stream
-from metadata.sessions.token_stream import StreamEvent
+from sessions.streams import token_stream
+from sessions.streams.token_stream import StreamEvent
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from metadata.models import Candidate, TokenKind, TokenRecord
-from metadata.sessions.writers import BufferedWriter, insert_ignoring_conflicts
+from metadata.history import BufferedWriter, insert_ignoring_conflicts
 
 CREATED = dt.datetime(2030, 1, 1, 12, tzinfo=dt.timezone.utc)
 

@@ -3,7 +3,7 @@
 Parsing a body compiles its ``response_format`` and tools (llguidance): that runs off the event
 loop, on a pool of its own (``PARSE_THREADS``), under a wall-clock limit (``PARSE_TIMEOUT_S``, a
 backstop: the compile's own limits bound it first), so a burst of schemas waits there instead of
-stalling every stream of the web process. Submitting goes through ``inference.generations`` like
+stalling every stream of the web process. Submitting goes through ``sessions.submission`` like
 any generation; its refusals become OpenAI errors here. With ``Idempotency-Key``, a retry is
 answered from the session its first try made (``inference.idempotency``); the constraints a
 request compiled are remembered only once it is accepted.
@@ -22,18 +22,11 @@ from inference.api.openai.chat_template import render_chat
 from inference.api.openai.errors import OpenAIError, bad_param
 from inference.api.openai.serializers import COMPLETION, OpenAIRequest, generation_error, parse_request
 from inference.api.serializers import GenerationRequestSerializer
-from inference.api.tokenizers import tokenizer_for
-from inference.api.version_tokenizers import tokenizer_of
-from inference.generations import (
-    GenerationRefused,
-    ModelBuilding,
-    ModelNotServed,
-    ModelUnavailable,
-    served_target,
-    start_generation,
-)
+from inference.tokenizers import tokenizer_for, tokenizer_of
+from inference.served_targets import ModelBuilding, ModelNotServed, ModelUnavailable, served_target
 from metadata.api.async_views import Caller
 from metadata.models import Session
+from sessions.submission import GenerationRefused, start_generation
 
 RETRY_AFTER_S = 5  # what a client is told to wait when the refusal does not say
 PARSE_THREADS = 2

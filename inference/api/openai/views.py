@@ -4,7 +4,7 @@ Plain async views (a streaming reply holds no thread; a non-streaming one waits 
 Redis stream, not on a thread or a database poll). A request is a generation like any other:
 the same tokens (``Authorization: Bearer <DRF token>``), tenant, throttles, validation
 (``GenerationRequestSerializer``), prediction cache and session row as ``POST /api/v1/generations/``:
-both go through ``inference.generations``, and its refusals become OpenAI errors here.
+both go through ``sessions.submission``, and its refusals become OpenAI errors here.
 
 From a request's body to its session (parsing off the event loop, ``Idempotency-Key``):
 ``submission``; this module answers: the reply, whole or streamed.
@@ -48,13 +48,13 @@ from inference.api.openai.submission import (
 from inference.api.openai.tools import NAMED, CallStream, call_object
 from inference.conf import conf
 from inference import idempotency
-from inference.generations import GenerationRefused, follow, served_target
-from metadata.models import ModelRole, ModelVersion, VersionStatus
+from inference.served_targets import served_target
 from metadata.api.async_views import Caller, Refused, authorize, run_db
-from metadata.api.serializers import public_error
-from metadata.models import Session, SessionStatus
-from metadata.sessions import token_stream
-from metadata.sessions.cancel import cancel_sessions
+from metadata.models import ModelRole, ModelVersion, Session, SessionStatus, VersionStatus
+from sessions.api import public_error
+from sessions.runs import cancel_sessions
+from sessions.streams import follow, token_stream
+from sessions.submission import GenerationRefused
 
 DONE = "data: [DONE]\n\n"
 

@@ -22,7 +22,8 @@ from django.db import DEFAULT_DB_ALIAS
 from metadata.archival import UNFINISHED, ArchivalError, restore_archive
 from metadata.archival.families import archived_days, restore_day
 from metadata.models import PARTITIONED_TABLES, ArchivalStep, PartitionArchivalJob
-from metadata.partitions import PartitionError, PartitionRotation, catalog, register_periodic_tasks
+from core.beat_jobs import declared_jobs, register_jobs
+from metadata.partitions import PartitionError, PartitionRotation, catalog
 
 
 class OneLineErrorParser(CommandParser):
@@ -72,7 +73,7 @@ class Command(BaseCommand):
                                                              "tokens and candidates, each verified")
         restore_day.add_argument("day", help="the day's start, e.g. 2026-11-01 (UTC)")
         restore_day.add_argument("--attach", action="store_true", help="attach the restored tables to their parents")
-        actions.add_parser("schedule", help="register the beat jobs in django-celery-beat (idempotent)")
+        actions.add_parser("schedule", help="register every app's beat jobs in django-celery-beat (idempotent)")
 
     def handle(self, *args, action: str, **options) -> None:
         try:
@@ -144,5 +145,5 @@ class Command(BaseCommand):
             self.say(f"restored {result.rows} row(s) into {result.table} {where}; checksum {result.checksum}")
 
     def do_schedule(self, **_) -> None:
-        created = register_periodic_tasks()
+        created = register_jobs(declared_jobs(), registered_by="partitions schedule")
         self.say(f"registered: {', '.join(created)}" if created else "all periodic tasks already registered")

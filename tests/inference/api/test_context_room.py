@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.api.tokenizers import tokenizer_for
+from inference.tokenizers import tokenizer_for
 from metadata.models import Session
 
 URL = "/api/v1/generations/"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from kombu import Connection, Queue
 
-from inference.generations import PRIORITY_LEVELS, broker_priority, generate, load_rank
+from sessions.submission import PRIORITY_LEVELS, broker_priority, load_rank
+from sessions.tasks import generate
 from tests.inference.api.test_tenant_quotas import client_of, rest
 
 AMQP_URL = "amqp://guest:guest@127.0.0.1:5672//"

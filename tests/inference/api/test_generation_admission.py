@@ -1,4 +1,4 @@
-"""A generation's admission in one round trip (``metadata.sessions.admission``): exact under
+"""A generation's admission in one round trip (``sessions.submission.admission``): exact under
 concurrent submissions at a tenant's limit, and the new session's state put in Redis without a
 read back. Real commits (the quota's lock and the after-commit work only show across
 transactions)."""
@@ -10,10 +10,10 @@ import pytest
 from django.db import connections
 
 from inference.api.serializers import GenerationRequestSerializer
-from inference.generations import QuotaExceeded, submit_generation
+from sessions.submission import QuotaExceeded, submit_generation
 from metadata.models import Session, SessionStatus, Tenant
 from metadata.replicas import lsn
-from metadata.sessions import STATE, cache_for, load_session_state
+from sessions.state import STATE, cache_for, load_session_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -113,7 +113,7 @@ def server_binding_alias():
 
 
 def test_the_admission_holds_with_server_side_binding(tenant, tiny_model, server_binding_alias):
-    from metadata.sessions.admission import insert_within_quota
+    from sessions.submission.admission import insert_within_quota
 
     tenant.max_live_generations = 2
     tenant.save()

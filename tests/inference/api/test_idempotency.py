@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 from inference.idempotency import HEADER, REPLAYED_HEADER
 from inference.limits import MAX_IDEMPOTENCY_KEY_CHARS
 from inference.models import IdempotencyKey
-from inference.worker.reconciler import reconcile_sessions
+from inference.tasks import reconcile_sessions
 from metadata.models import Session, TenantMembership
 
 URL = "/api/v1/generations/"
@@ -101,7 +101,7 @@ def test_an_expired_key_is_forgotten_and_purged(api_client, tiny_model, tenant):
     second = post(api_client)
     assert second.status_code == 202 and second.json()["id"] != first
     IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert reconcile_sessions().keys_expired == 1
+    assert reconcile_sessions()["keys_expired"] == 1
     assert not IdempotencyKey.objects.exists()
 
 

@@ -8,9 +8,9 @@ import openai
 import pytest
 from rest_framework.authtoken.models import Token
 
-from inference.api.tokenizers import tokenizer_for
+from inference.tokenizers import tokenizer_for
 from metadata.models import Session, TokenRecord
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from specops.celery import app
 from tests.worker_process import start_worker, stop_worker
 

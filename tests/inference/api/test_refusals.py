@@ -1,12 +1,14 @@
 """A generation the platform refuses (the broker down, an unknown model): one service raises plain
-errors (``inference.generations``), and each API answers in its own shape."""
+errors (``sessions.submission``, ``inference.served_targets``), and each API answers in its own shape."""
 from __future__ import annotations
 
 import pytest
 from rest_framework.exceptions import APIException
 
-from inference import generations
+from inference.served_targets import ModelBuilding, ModelNotServed
 from metadata.models import Session, SessionStatus
+from sessions import tasks
+from sessions.submission import GenerationRefused, QueueUnavailable
 
 REST = "/api/v1/generations/"
 OPENAI = "/v1/completions"
@@ -17,12 +19,12 @@ def broker_down(monkeypatch):
     def refuse(*args, **kwargs):
         raise ConnectionError("broker unreachable")
 
-    monkeypatch.setattr(generations.generate, "apply_async", refuse)
+    monkeypatch.setattr(tasks.generate, "apply_async", refuse)
 
 
 def test_the_service_raises_no_http_exception():
-    for refusal in (generations.QueueUnavailable, generations.ModelNotServed, generations.ModelBuilding):
-        assert issubclass(refusal, generations.GenerationRefused) and not issubclass(refusal, APIException)
+    for refusal in (QueueUnavailable, ModelNotServed, ModelBuilding):
+        assert issubclass(refusal, GenerationRefused) and not issubclass(refusal, APIException)
 
 
 @pytest.mark.django_db
@@ -33,6 +35,7 @@ def test_broker_down_is_a_503_in_the_rest_shape_and_the_session_failed(api_clien
     assert response.json() == {"detail": "the task queue is unavailable; try again shortly.", "status": 503}
     session = Session.objects.get()
     assert session.status == SessionStatus.FAILED and session.error.startswith("enqueue failed:")
+    assert session.finished_at is not None  # ended as every session ends (end_session)
 
 
 @pytest.mark.django_db

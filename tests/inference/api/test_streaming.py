@@ -16,7 +16,7 @@ from rest_framework.authtoken.models import Token
 
 from metadata.models import ModelVersion
 from metadata.models import Session, Tenant
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from tests.web_process import HEARTBEAT_S, IDLE_LIMIT_S
 
 pytest_plugins = ["tests.web_process"]  # live_web: one uvicorn server for the run

@@ -23,14 +23,14 @@ from inference.engine.batch.engine import RowEvent
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from metadata.models import ModelVersion
-from inference.worker.adoption import start_stream
-from inference.worker.fencing import claim, claim_session, database_now
-from inference.worker.lifecycle import committed_tokens, finished_before, prepare
+from sessions.runs.adoption import start_stream
+from inference.worker.lifecycle import finished_before, prepare
+from sessions.runs import claim_session, committed_tokens, database_now
 from inference.worker.recorder import BatchRecorder, SessionRecorder
 from metadata.models import Candidate, Session, TokenKind, TokenRecord
 from metadata.replicas import lsn
-from metadata.sessions import token_stream
-from tests.helpers import wait_for
+from sessions.streams import token_stream
+from tests.helpers import claim, wait_for
 
 pytest_plugins = ["tests.web_process"]  # live_web: one uvicorn server for the run
 
@@ -182,7 +182,7 @@ def test_prepare_resumes_from_the_adopted_steps_and_ends_at_once_when_they_end_t
 
 def test_a_session_the_reconciler_fails_stores_what_its_last_run_streamed(tenant, tiny_model, streams, settings):
     from inference.engine.models.loading import load_tokenizer
-    from inference.worker.reconciler import reconcile_sessions
+    from sessions.runs.reconciler import reconcile_sessions
 
     settings.SPECOPS_MAX_ATTEMPTS = 1  # its worker lost once is one time too many
     session = new_session(tenant, tiny_model, streams)
@@ -268,7 +268,7 @@ def test_a_sampled_session_paused_past_its_lease_stores_every_token_its_client_w
     from specops.celery import app
     from tests.inference.worker.test_crash_safety import nonce_prompt
     from tests.worker_process import start_worker, stop_worker
-    from inference.worker.reconciler import reconcile_sessions
+    from sessions.runs.reconciler import reconcile_sessions
 
     settings.SPECOPS_MAX_ATTEMPTS = 3
     app.control.purge()

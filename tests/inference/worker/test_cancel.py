@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from metadata.models import Session, Tenant, TenantMembership, TokenRecord
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from specops.celery import app
 from tests.helpers import wait_for
 from tests.worker_process import start_worker, stop_worker
@@ -137,17 +137,17 @@ def test_cancel_mid_generation_stops_the_worker_and_ends_the_stream(api_client, 
 
 
 def test_a_cancel_that_races_the_last_step_wins_and_the_session_ends_once(api_client, tenant, tiny_model):
-    from inference.worker.lifecycle import finish_session
+    from sessions.runs import end_session
 
     session = make_session(tenant, tiny_model, status="running")
     assert cancel(api_client, session.pk).status_code == 200
     # The worker's last step had already produced the whole answer: it writes its end now.
-    assert finish_session(session, "succeeded", finish_reason="length", token_ids=[5, 6], text="ab", next_step=1)
+    assert end_session(session, "succeeded", finish_reason="length", token_count=2, text="ab", next_step=1)
     session.refresh_from_db()
     assert (session.status, session.finish_reason, session.token_count, session.text) == ("cancelled", "cancelled", 2, "ab")
     assert session.finished_at is not None
     # A second end (a retried task, the reconciler) changes nothing and publishes nothing.
-    assert not finish_session(session, "failed", error="late")
+    assert end_session(session, "failed", error="late") is None
     session.refresh_from_db()
     assert (session.status, session.error) == ("cancelled", "")
     assert [(event, data["status"]) for _, event, data in stream_events(session.pk)] == [("done", "cancelled")]

@@ -14,10 +14,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from inference.worker.reconciler import reconcile_sessions
+from sessions.runs.reconciler import reconcile_sessions
 from metadata.models import Session
-from metadata.sessions import token_stream
-from metadata.sessions.cancel import cancel_sessions
+from sessions.streams import token_stream
+from sessions.runs import cancel_sessions
 
 LEASE_S = 5
 

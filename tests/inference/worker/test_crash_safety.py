@@ -21,10 +21,10 @@ from django.db import connection
 from django.utils import timezone
 
 from inference.tasks import reconcile_sessions as reconcile_task
-from inference.worker.reconciler import RECONCILER_LOCK, reconcile_sessions
+from sessions.runs.reconciler import RECONCILER_LOCK, reconcile_sessions
 from metadata.models import Session, TokenRecord
 from metadata.partitions.locks import session_settings
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from specops.celery import app, visibility_timeout_s
 from tests.helpers import wait_for
 from tests.test_end_to_end import finished
@@ -305,10 +305,10 @@ def test_two_deliveries_of_one_session_run_it_once(api_client, tiny_model, fast_
     worker = start_worker("cpu", "crash-twice", log, extra_env=WORKER_ENV)
     try:
         wait_for(lambda: finished(api_client, session_id), timeout=120, what="the generation")
-        wait_for(lambda: log.read_text().count("inference.generate[") >= 4, timeout=30,
+        wait_for(lambda: log.read_text().count("sessions.generate[") >= 4, timeout=30,
                  what="both deliveries received and done")  # "received" + "succeeded" each
     finally:
         stop_worker(worker)
     body = assert_ended_once(api_client, session_id, target_greedy(tiny_model.directory, prompt, 48))
     assert body["attempts"] == 1
-    assert log.read_text().count("inference.generate[") >= 4
+    assert log.read_text().count("sessions.generate[") >= 4

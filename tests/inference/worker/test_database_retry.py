@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.db import IntegrityError, OperationalError, connection
 
-from inference.worker import database_retry
+from sessions.runs import database_retry
 from metadata.models import Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the test's own connection is cut: no wrapping transaction
@@ -56,7 +56,7 @@ def test_a_read_on_a_cut_connection_fails_without_the_retry():
 def test_a_statement_on_a_cut_connection_is_tried_again_on_a_new_one(caplog):
     Tenant.objects.create(name="acme")
     pids: list[int] = []
-    with caplog.at_level(logging.WARNING, logger="inference.worker.database_retry"):
+    with caplog.at_level(logging.WARNING, logger="sessions.runs.database_retry"):
         assert database_retry.retrying(count_tenants_after_a_cut(pids), "counting tenants") == 1
     assert len(pids) == 2 and pids[0] != pids[1]  # the second try ran on another backend
     assert "counting tenants failed (OperationalError" in caplog.text

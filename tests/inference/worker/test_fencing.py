@@ -28,25 +28,24 @@ from inference.engine.config import GenerationConfig
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from metadata.models import ModelVersion
-from inference.worker.adoption import start_stream
+from sessions.runs.adoption import start_stream
 from inference.worker.batching_loop import DeviceBatchLoop
-from inference.worker.fencing import (
+from sessions.runs import (
     SUPERSEDED,
+    end_session,
     LeaseKeeper,
-    claim,
     claim_session,
     database_now,
     lock_owned,
     renew_leases,
 )
-from inference.worker.lifecycle import finish_session
-from inference.worker.reconciler import reconcile_sessions
+from sessions.runs.reconciler import reconcile_sessions
 from inference.worker.recorder import BatchRecorder, SessionRecorder
 from inference.worker.session_job import SessionJob
 from metadata.models import Candidate, Session, TokenRecord
 from metadata.replicas import lsn
-from metadata.sessions import token_stream
-from tests.helpers import wait_for
+from sessions.streams import token_stream
+from tests.helpers import claim, wait_for
 
 LEASE_S = 3
 
@@ -164,7 +163,7 @@ def test_a_stale_runs_rows_progress_renewal_and_end_are_refused_after_a_second_c
     lease = row.lease_expires_at
     assert renew_leases({session.pk: 1}) == {session.pk}
     assert Session.objects.get(pk=session.pk).lease_expires_at == lease
-    assert not finish_session(session, "succeeded", finish_reason="length", token_ids=[1, 2, 3, 4], text="bcde",
+    assert not end_session(session, "succeeded", finish_reason="length", token_count=4, text="bcde",
                               next_step=2)
     row = Session.objects.get(pk=session.pk)
     assert (row.status, row.attempts, row.finished_at, row.token_count) == ("running", 2, None, 2)
@@ -173,7 +172,7 @@ def test_a_stale_runs_rows_progress_renewal_and_end_are_refused_after_a_second_c
     # the run that holds the fence now writes all of it
     assert renew_leases({session.pk: 2}) == set()
     assert Session.objects.get(pk=session.pk).lease_expires_at > lease
-    assert finish_session(second, "succeeded", finish_reason="length", token_ids=[1, 2], text="bc", next_step=1)
+    assert end_session(second, "succeeded", finish_reason="length", token_count=2, text="bc", next_step=1)
     assert Session.objects.get(pk=session.pk).status == "succeeded"
 
 
@@ -190,7 +189,7 @@ def test_a_session_handed_back_to_its_queue_takes_no_write_from_its_old_run(tena
     assert batch.write(batch.take([recorder])) == {(session.pk, 1)}
     assert TokenRecord.objects.filter(session_id=session.pk).count() == 0
     assert renew_leases({session.pk: 1}) == {session.pk}
-    assert not finish_session(session, "failed", error="late")
+    assert not end_session(session, "failed", error="late")
     assert Session.objects.get(pk=session.pk).status == "queued"
     assert not token_stream.publish(session.pk, "tokens", {"step": 0}, step=0, fence=1)  # its stream too
     assert stream_events(session.pk) == []
@@ -384,7 +383,7 @@ def test_a_run_stalled_inside_its_write_holds_the_session_no_longer_than_a_lease
 def test_a_worker_paused_past_its_lease_and_resumed_ends_each_session_once(api_client, tiny_model, tmp_path,
                                                                            settings):
     from inference.engine.models.loading import load_causal_lm
-    from inference.worker.recorder import pg_text
+    from metadata.history import pg_text
     from specops.celery import app
     from tests.inference.worker.test_crash_safety import (
         assert_ended_once,

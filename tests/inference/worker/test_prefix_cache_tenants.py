@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from inference.api.tokenizers import tokenizer_for
+from inference.tokenizers import tokenizer_for
 from metadata.models import Tenant, TenantMembership
 from tests.helpers import wait_for
 from tests.inference.worker.test_crash_safety import WORKER_ENV, generation, nonce_prompt

@@ -8,7 +8,7 @@ import pytest
 from django_redis import get_redis_connection
 
 from inference import affinity
-from inference.api.tokenizers import tokenizer_for
+from inference.tokenizers import tokenizer_for
 from tests.helpers import wait_for
 from tests.inference.worker.test_crash_safety import WORKER_ENV, assert_ended_once, generation, nonce_prompt, target_greedy
 from tests.test_end_to_end import finished

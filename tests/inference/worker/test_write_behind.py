@@ -24,14 +24,14 @@ from inference.engine.config import GenerationConfig
 from inference.engine.outputs import Branch, StepOutput
 from inference.engine.stats import GenerationStats
 from metadata.models import ModelVersion
-from inference.worker import database_retry
+from sessions.runs import database_retry
 from inference.worker.batching_loop import DeviceBatchLoop
 from inference.worker.recorder import SessionRecorder
 from inference.worker.session_job import SessionJob
 from inference.worker.write_behind import WriteBehind
 from metadata.models import Candidate, Session, TokenRecord
 from metadata.replicas import lsn
-from metadata.sessions import token_stream
+from sessions.streams import token_stream
 from tests.helpers import wait_for
 
 # ---- the queue alone ----------------------------------------------------------------------------

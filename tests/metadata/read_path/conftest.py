@@ -24,11 +24,11 @@ from metadata.models import ModelVersion, VersionStatus
 from metadata.cache import default_guard
 from metadata.models import Session
 from metadata.replicas import lsn, replica_health
-from metadata.sessions import state as session_state
+from sessions.state import cache as session_state
 from tests.private_replica import PrivateReplica
 
 READ_PATH_MIDDLEWARE = "metadata.replicas.middleware.ReadYourWritesMiddleware"
-REQUEST_LOG_MIDDLEWARE = "metadata.sessions.request_log.RequestLogMiddleware"
+REQUEST_LOG_MIDDLEWARE = "metadata.request_log.RequestLogMiddleware"
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.02) -> bool:

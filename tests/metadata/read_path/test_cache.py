@@ -23,7 +23,7 @@ from metadata.cache import (
 )
 from metadata.models import CacheStatsSnapshot, Session, SessionStatus
 from metadata.replicas import lsn
-from metadata.sessions import STATE, cache_for, get_session_state, invalidate_session, load_session_state
+from sessions.state import STATE, cache_for, get_session_state, invalidate_session, load_session_state
 from tests.metadata.read_path.conftest import (
     make_session,
     paused_replay,

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from metadata.cache import codec
 from metadata.models import Session, SessionStatus
 from metadata.replicas import lsn
-from metadata.sessions.state import DETAIL, cache_for, get_session_detail
+from sessions.state.cache import DETAIL, cache_for, get_session_detail
 
 AWARE = dt.datetime(2026, 12, 7, 4, 30, 1, 123456, tzinfo=dt.UTC)
 

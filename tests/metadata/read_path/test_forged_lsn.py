@@ -19,7 +19,7 @@ from django_redis import get_redis_connection
 from metadata.cache import codec
 from metadata.models import Session, SessionStatus, Tenant
 from metadata.replicas import ReadYourWritesMiddleware, lsn
-from metadata.sessions.state import DETAIL, STATE, cache_for, get_session_state
+from sessions.state.cache import DETAIL, STATE, cache_for, get_session_state
 from tests.metadata.read_path.conftest import make_session, primary_insert_lsn
 
 pytestmark = pytest.mark.django_db(transaction=True)

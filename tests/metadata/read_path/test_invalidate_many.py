@@ -15,8 +15,8 @@ from metadata.cache import RedisGuard, TwoTierCache, WritePolicy
 from metadata.cache.redis_tier import fail_fast_client
 from metadata.models import Session, SessionStatus
 from metadata.replicas import lsn
-from metadata.sessions import DETAIL, STATE, cache_for, get_session_detail, get_session_state, invalidate_sessions
-from metadata.sessions.state import load_session_states
+from sessions.state import DETAIL, STATE, cache_for, get_session_detail, get_session_state, invalidate_sessions
+from sessions.state.cache import load_session_states
 from tests.metadata.read_path.conftest import make_session
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")
@@ -110,7 +110,7 @@ def test_redis_down_keeps_every_key_for_the_replay(tenant, target_version):
 
 
 def load_session_states_one(ident: str, min_lsn: int = 0):
-    from metadata.sessions.state import load_session_state
+    from sessions.state.cache import load_session_state
 
     return load_session_state(ident, min_lsn)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference import prediction_cache
+from sessions.submission import prediction_cache
 from metadata.models import ModelVersion
 from metadata.models import Session, SessionStatus
 from tests.metadata.read_path.conftest import make_session

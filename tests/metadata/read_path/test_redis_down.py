@@ -15,7 +15,7 @@ from django.db import connections
 
 from metadata.cache import HITS, REDIS, CacheConfig, RedisGuard, TwoTierCache, fail_fast_client
 from metadata.replicas import lsn
-from metadata.sessions import load_session_state
+from sessions.state import load_session_state
 from tests.metadata.read_path.conftest import make_session, wait_for_replica_catch_up, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True, databases="__all__")

@@ -17,11 +17,11 @@ from django_redis import get_redis_connection
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from inference import prediction_cache
+from sessions.submission import prediction_cache
 from metadata.api.authentication import CachedTokenAuthentication, token_cache
 from metadata.models import Session
 from metadata.replicas import lsn
-from metadata.sessions.state import DETAIL, STATE, cache_for, get_session_detail, get_session_state
+from sessions.state.cache import DETAIL, STATE, cache_for, get_session_detail, get_session_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from django.db.models import F
 
 from metadata.models import Session
 from metadata.replicas import lsn
-from metadata.sessions import STATE, cache_for, invalidate_session
+from sessions.state import STATE, cache_for, invalidate_session
 from tests.metadata.read_path.conftest import make_session
 from tests.paths import REPO_ROOT
 
@@ -47,7 +47,7 @@ def install(sender, connection, **kwargs):
 connection_created.connect(install, weak=False)
 
 from metadata.replicas import lsn
-from metadata.sessions import STATE, cache_for, get_session_state
+from sessions.state import STATE, cache_for, get_session_state
 
 with lsn.floor_scope(int(os.environ["READER_FLOOR"])):  # the floor a client of the writer carries
     state = get_session_state(os.environ["READER_SESSION"])

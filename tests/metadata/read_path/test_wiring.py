@@ -19,7 +19,8 @@ print(json.dumps({
     "router": settings.DATABASE_ROUTERS,
     # Imported by the apps' ready(): their signal receivers (cache invalidation on Session save,
     # prediction cache on promotion) are connected in every process, workers included.
-    "imported_at_setup": [m for m in ("metadata.sessions.state", "inference.prediction_cache") if m in sys.modules],
+    "imported_at_setup": [m for m in ("sessions.state.cache", "sessions.submission.prediction_cache")
+                          if m in sys.modules],
 }))
 """
 
@@ -35,5 +36,5 @@ def test_middleware_router_and_signal_receivers_are_installed():
     assert READ_PATH_MIDDLEWARE in middleware, "add it to specops/settings.py MIDDLEWARE"
     if REQUEST_LOG_MIDDLEWARE in middleware:  # the request log's own write is not the client's write
         assert middleware.index(READ_PATH_MIDDLEWARE) > middleware.index(REQUEST_LOG_MIDDLEWARE)
-    assert "metadata.sessions.state" in wiring["imported_at_setup"], "MetadataConfig.ready() must import it"
-    assert "inference.prediction_cache" in wiring["imported_at_setup"], "InferenceConfig.ready() must import it"
+    assert "sessions.state.cache" in wiring["imported_at_setup"], "SessionsConfig.ready() must import it"
+    assert "sessions.submission.prediction_cache" in wiring["imported_at_setup"], "SessionsConfig.ready() must import it"
