@@ -86,7 +86,10 @@ def cancel_sessions(sessions: QuerySet[Session]) -> tuple[int, int]:
 
     A queued one ends here (``end_session``); a running one is marked ``cancelled`` for its run to end.
     """
-    live = list(sessions.select_for_update().filter(status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING])
+    # the sessions' rows only: an admin's queryset joins the tenant and the target, which are
+    # neither read here nor to be locked
+    live = list(sessions.select_related(None).select_for_update()
+                .filter(status__in=[SessionStatus.QUEUED, SessionStatus.RUNNING])
                 .only("id", "created_at", "status", "attempts"))
     queued = [session for session in live if session.status == SessionStatus.QUEUED]
     running = [session.pk for session in live if session.status == SessionStatus.RUNNING]
