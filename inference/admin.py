@@ -1,7 +1,8 @@
 """Admin of the inference app: the model registry, and re-running a session.
 
 The registry page lists versions with their role, device and queue, status and draft pairing,
-charts the acceptance of each (target, draft) pair over time from the rollups, and promotes a
+charts the acceptance of each (target, draft) pair over time (a chart the ops app draws from its
+rollups and plugs in: ``ops.admin``), and promotes a
 version only after a confirmation page that says which active version it retires and that the
 prediction cache entries of the retired versions are invalidated.
 
@@ -22,16 +23,15 @@ their own tenant's (``metadata.admin_tenancy``).
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections.abc import Callable
+from typing import ClassVar
 
-from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from inference import version_files
@@ -48,10 +48,8 @@ from metadata.models import Session
 from sessions import admin as sessions_admin
 from sessions.detail import page as detail_page
 from sessions.submission import GenerationRefused, submit_generation
-from core.charts import PALETTE, Series, line_chart
 
 logger = logging.getLogger(__name__)
-ACCEPTANCE_DAYS = 7
 
 
 # ------------------------------------------------------------------------------- sessions
@@ -147,35 +145,6 @@ class SessionAdmin(sessions_admin.SessionAdmin):
 
 # ------------------------------------------------------------------------------- registry
 
-
-def pair_acceptance_chart(targets=None, days: int = ACCEPTANCE_DAYS) -> str:
-    """Hourly acceptance (accepted / drafted) of each (target, draft) pair, from the rollups."""
-    since = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(days=days)
-    # The rollups are the ops app's, a floor above this one: its model is looked up, not imported.
-    rollups = apps.get_model("ops", "OpsRollup")
-    rows = rollups.objects.filter(width=60, series="pair", start__gte=since).order_by("start")  # 60: RollupWidth.HOUR
-    if targets is not None:
-        rows = [r for r in rows if r.key.split(":")[0] in {str(t) for t in targets}]
-    hours = sorted({r.start for r in rows})
-    by_key: dict[str, dict] = {}
-    for row in rows:
-        by_key.setdefault(row.key, {})[row.start] = row
-    ids = {int(part) for key in by_key for part in key.split(":") if part.isdigit()}
-    names = {v.pk: f"{v.name}:{v.version}" for v in ModelVersion.objects.filter(pk__in=ids)}
-    series = []
-    for i, (key, slots) in enumerate(sorted(by_key.items())):
-        target, _, draft = key.partition(":")
-        label = f"{names.get(int(target), target)} + {names.get(int(draft), 'no draft') if draft.isdigit() else 'no draft'}"
-        points = [(h.strftime("%m-%d %H:00"), _acceptance(slots.get(h))) for h in hours]
-        series.append(Series(label, points, PALETTE[i % len(PALETTE)]))
-    return line_chart(series, "%", top=100.0, title=f"Acceptance of each model pair, hourly, last {days} days")
-
-
-def _acceptance(row) -> float | None:
-    values = (row.values or {}) if row is not None else {}
-    return 100.0 * values["accepted"] / values["drafted"] if values.get("drafted") else None
-
-
 # What an active version serves with: changed only by promoting another version (module docstring).
 SERVING_FIELDS = ("name", "version", "role", "path", "device", "context_length", "dtype", "default_draft",
                   "dspark_path")
@@ -194,6 +163,10 @@ class ModelVersionAdmin(admin.ModelAdmin):
     change_list_template = "admin/inference/modelversion/change_list.html"
     change_form_template = "admin/inference/modelversion/change_form.html"
     STATUS_COLORS = {VersionStatus.ACTIVE: "#2e7d32", VersionStatus.STAGED: "#e08e0b", VersionStatus.RETIRED: "#666"}
+    # The hourly acceptance of the versions' (target, draft) pairs, ``(target ids or None) -> svg``:
+    # drawn from the ops app's rollups, a floor above this one, which plugs it in (``ops.admin``).
+    # None: no chart.
+    acceptance_chart: ClassVar[Callable[..., str] | None] = None
 
     @admin.display(description="status", ordering="status")
     def colored_status(self, version: ModelVersion) -> str:
@@ -290,14 +263,15 @@ class ModelVersionAdmin(admin.ModelAdmin):
         self._build(request, queryset, "compiled")
 
     def changelist_view(self, request, extra_context=None):
-        extra = {"acceptance_chart": pair_acceptance_chart(), **(extra_context or {})}
+        extra = {"acceptance_chart": self.acceptance_chart() if self.acceptance_chart else "", **(extra_context or {})}
         return super().changelist_view(request, extra)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         version = self.get_object(request, object_id)
         extra = dict(extra_context or {})
         if version is not None:
-            extra["acceptance_chart"] = pair_acceptance_chart(targets=[version.pk])
+            if self.acceptance_chart:
+                extra["acceptance_chart"] = self.acceptance_chart(targets=[version.pk])
             extra["can_promote"] = version.status != VersionStatus.ACTIVE and self.has_change_permission(request, version)
         return super().change_view(request, object_id, form_url, extra)
 

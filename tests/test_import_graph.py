@@ -1,16 +1,25 @@
-"""The packages' import graph has no cycle, and layers only point down.
+"""The packages' import graph has no cycle, and layers only point down, by import and by string.
 
-Floors, bottom up: ``core`` (what every app uses), ``metadata``, ``inference``, ``ops`` (operator
-views of the whole platform), ``specops`` (the project shell: settings, urls, the Celery app,
-asgi/wsgi). A module may import its own floor's package and the floors below it, never a floor
-above (so nothing in ``metadata`` imports ``inference``, and nothing imports ``specops``).
+Floors, bottom up: ``core`` (what every app uses), ``metadata`` (the store), ``sessions`` (a
+session's life: submission, runs, its end, its cached state and stream), ``inference`` (serving:
+the worker, the engine, the OpenAI protocol), ``ops`` (operator views of the whole platform),
+``specops`` (the project shell: settings, urls, the Celery app, asgi/wsgi). A module may depend on
+its own floor's package and the floors below it, never a floor above (so nothing in ``metadata``
+imports ``sessions`` or ``inference``, and nothing imports ``specops``).
 
-Built from the source with ``ast`` (nothing is imported), over every ``.py`` file under the five
+Built from the source with ``ast`` (nothing is imported), over every ``.py`` file under the six
 packages. An edge is any import statement anywhere in a
 module: at module level, inside a function (a deferred import still ties the two modules
 together), or under ``if TYPE_CHECKING:``. ``from X import Y`` is an edge to ``X.Y`` when ``Y``
 is a submodule, else to ``X``; ``import X.Y`` is an edge to ``X.Y``. Imports of anything outside
-the five packages are not edges.
+the six packages are not edges.
+
+Dependencies by string, which no import shows, are read too (`string_dependencies`): a model
+named by its label (``ForeignKey("app.Model")``, ``apps.get_model("app", "Model")``), a
+migration's ``dependencies`` and ``run_before`` on another app's migrations, and a task
+registered or sent by name (``shared_task(name=...)``, a beat job's ``PeriodicJob(name, task)``,
+``task=``, ``send_task``/``signature``). Each names a package by its first dotted part (an app
+label is mapped to its package: ``specops_sessions`` is ``sessions``), and must point down too.
 
 Nothing is excluded: migrations and the shim modules kept for them
 (``metadata/migration_operations.py``, ``metadata/schedule.py``) are part of no cycle, so they
@@ -214,3 +223,162 @@ def test_the_floor_check_sees_an_upward_import(tmp_path):
         (tmp_path / name).write_text(text)
     graph = import_graph(app_modules(tmp_path, ["core", "metadata"]))
     assert graph["core.a"] == {"metadata.b": 2} and graph["metadata.b"] == {"core.a": 1}
+
+
+# -- dependencies by string -------------------------------------------------------------------
+
+MODEL_FIELDS = {"ForeignKey", "OneToOneField", "ManyToManyField", "ForeignObject"}
+TASK_DECORATORS = {"shared_task", "task"}  # @shared_task(name=...), @app.task(name=...)
+TASK_SENDERS = {"send_task", "signature"}  # app.send_task("name"), celery.signature("name")
+MIGRATION_LINKS = {"dependencies", "run_before"}
+
+
+def app_labels(root: Path, apps: Iterable[str]) -> dict[str, str]:
+    """Each app's Django label -> its package: its ``AppConfig.label`` where ``apps.py`` sets one."""
+    labels = {app: app for app in apps}
+    for app in apps:
+        config = root / app / "apps.py"
+        if not config.exists():
+            continue
+        for node in ast.walk(ast.parse(config.read_text())):
+            if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "label" for t in node.targets)
+                    and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+                labels[node.value.value] = app
+    return labels
+
+
+def _name(func: ast.expr) -> str:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """The module's top-level ``NAME = "text"`` constants, so a name passed for a string is read."""
+    return {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def _text(node: ast.expr | None, constants: dict[str, str]) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    return None
+
+
+def _keyword(call: ast.Call, name: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _named_by_string(tree: ast.Module) -> Iterable[tuple[str, int, str]]:
+    """(dotted or label-first name, line, kind) of every model, migration and task named by string."""
+    constants = _constants(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in MIGRATION_LINKS
+                                                for t in node.targets):
+            for item in getattr(node.value, "elts", []):
+                if isinstance(item, ast.Tuple) and item.elts:
+                    label = _text(item.elts[0], constants)
+                    if label:
+                        yield f"{label}.{_text(item.elts[1], constants) if len(item.elts) > 1 else ''}", node.lineno, "migration"
+        if not isinstance(node, ast.Call):
+            continue
+        name = _name(node.func)
+        if name in MODEL_FIELDS:
+            model = _text(node.args[0] if node.args else _keyword(node, "to"), constants)
+            if model and "." in model:
+                yield model, node.lineno, "model"
+        elif name == "get_model" and node.args:
+            first = _text(node.args[0], constants)
+            second = _text(node.args[1], constants) if len(node.args) > 1 else None
+            if first:
+                yield (f"{first}.{second}" if second else first), node.lineno, "model"
+        elif name in TASK_DECORATORS:
+            task = _text(_keyword(node, "name"), constants)
+            if task:
+                yield task, node.lineno, "task"
+        elif name in TASK_SENDERS and node.args:
+            task = _text(node.args[0], constants)
+            if task:
+                yield task, node.lineno, "task"
+        elif name == "PeriodicJob":
+            task = _text(node.args[1] if len(node.args) > 1 else _keyword(node, "task"), constants)
+            if task:
+                yield task, node.lineno, "task"
+        else:
+            task = _text(_keyword(node, "task"), constants)
+            if task:
+                yield task, node.lineno, "task"
+
+
+def string_dependencies(modules: dict[str, Path], labels: dict[str, str]) -> list[tuple[str, str, int, str]]:
+    """(module, package it names, line, kind) of each reference by string into the packages."""
+    found = []
+    for module, path in modules.items():
+        for text, line, kind in _named_by_string(ast.parse(path.read_text(), filename=str(path))):
+            package = labels.get(text.split(".")[0])
+            if package is not None:
+                found.append((module, package, line, f"{kind} {text!r}"))
+    return found
+
+
+def test_string_dependencies_only_point_down():
+    modules = app_modules(ROOT, APPS)
+    found = string_dependencies(modules, app_labels(ROOT, APPS))
+    kinds = {what.split()[0] for _, _, _, what in found}
+    assert kinds == {"model", "migration", "task"}, f"the checker found no {{'model', 'migration', 'task'}} - {kinds}"
+    floor = {name: level for level, name in enumerate(FLOORS)}
+    arrows = sorted(f"{module} -> {package} by {what} ({modules[module].relative_to(ROOT)}:{line})"
+                    for module, package, line, what in found if floor[package] > floor[module.split(".")[0]])
+    print("\n".join(arrows))
+    assert not arrows, "dependencies by string that run up a floor:\n" + "\n".join(arrows)
+
+
+def test_the_string_check_sees_models_migrations_and_tasks(tmp_path):
+    """The checker itself: a model, a migration and a task named by string, an app label mapped."""
+    files = {
+        "core/__init__.py": "",
+        "core/models.py": 'from django.db import models\n'
+                          'class A(models.Model):\n'
+                          '    b = models.ForeignKey("metadata.B", on_delete=models.CASCADE)\n'
+                          '    s = models.ForeignKey(to="specops_sessions.S", on_delete=models.CASCADE)\n'
+                          '    me = models.ForeignKey("self", on_delete=models.CASCADE)\n',
+        "metadata/__init__.py": "",
+        "metadata/migrations/__init__.py": "",
+        "metadata/migrations/0002_x.py": 'class Migration:\n'
+                                         '    dependencies = [("metadata", "0001_initial"), ("ops", "0001_initial"),\n'
+                                         '                    ("django_celery_beat", "0019_x")]\n',
+        "metadata/jobs.py": 'TASK = "ops.tasks.roll_up"\n'
+                            'def jobs():\n'
+                            '    return [PeriodicJob("roll up", TASK, 1), PeriodicJob("rotate", "metadata.tasks.rotate", 1)]\n'
+                            'def rollups(apps):\n'
+                            '    return apps.get_model("ops", "OpsRollup")\n',
+        "sessions/__init__.py": "",
+        "sessions/apps.py": 'class SessionsConfig:\n    name = "sessions"\n    label = "specops_sessions"\n',
+        "sessions/tasks.py": '@shared_task(name="sessions.generate")\ndef generate(): ...\n'
+                             'def send(app):\n    app.send_task("inference.replay")\n',
+        "inference/__init__.py": "",
+        "ops/__init__.py": "",
+        "ops/migrations/__init__.py": "",
+        "ops/migrations/0001_initial.py": 'class Migration:\n    run_before = [("metadata", "0002_x")]\n',
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    apps = ["core", "metadata", "sessions", "inference", "ops"]
+    labels = app_labels(tmp_path, apps)
+    assert labels == {"core": "core", "metadata": "metadata", "sessions": "sessions", "inference": "inference",
+                      "ops": "ops", "specops_sessions": "sessions"}
+    found = sorted(string_dependencies(app_modules(tmp_path, apps), labels))
+    assert found == [
+        ("core.models", "metadata", 3, "model 'metadata.B'"),
+        ("core.models", "sessions", 4, "model 'specops_sessions.S'"),
+        ("metadata.jobs", "metadata", 3, "task 'metadata.tasks.rotate'"),
+        ("metadata.jobs", "ops", 3, "task 'ops.tasks.roll_up'"),
+        ("metadata.jobs", "ops", 5, "model 'ops.OpsRollup'"),
+        ("metadata.migrations.0002_x", "metadata", 2, "migration 'metadata.0001_initial'"),
+        ("metadata.migrations.0002_x", "ops", 2, "migration 'ops.0001_initial'"),
+        ("ops.migrations.0001_initial", "metadata", 2, "migration 'metadata.0002_x'"),
+        ("sessions.tasks", "inference", 4, "task 'inference.replay'"),
+        ("sessions.tasks", "sessions", 1, "task 'sessions.generate'"),
+    ]

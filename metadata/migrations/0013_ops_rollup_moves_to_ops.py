@@ -2,6 +2,8 @@
 
 State only (``SeparateDatabaseAndState`` with no database operations): the table
 ``metadata_ops_rollup`` and its rows stay where they are, now owned by ``ops.OpsRollup``.
+Ops migration 0001, which takes the model over, runs before this one: it says so itself
+(``run_before``), as this app names no app above it.
 """
 from django.db import migrations
 
@@ -10,7 +12,6 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ("metadata", "0012_partition_sessions"),
-        ("ops", "0001_initial"),  # ops has taken the model over before metadata lets it go
     ]
 
     operations = [

@@ -17,6 +17,10 @@ class Migration(migrations.Migration):
     dependencies = [
         ("metadata", "0006_ops_rollup"),  # the table exists once that ran
     ]
+    # ops has taken the model over before metadata lets it go; said here, so metadata names no app above it
+    run_before = [
+        ("metadata", "0013_ops_rollup_moves_to_ops"),
+    ]
 
     operations = [
         migrations.SeparateDatabaseAndState(

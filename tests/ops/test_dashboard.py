@@ -153,3 +153,17 @@ def test_api_requests_are_logged_with_their_latency(api_client, tiny_model):
 def test_dashboard_needs_staff(client):
     response = client.get("/admin/dashboard/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+@pytest.mark.django_db
+def test_the_model_registry_charts_each_pairs_acceptance_from_the_hourly_rollups(admin_client, tiny_model):
+    """The ops app draws the chart from its rollups and plugs it into the registry's pages (ops.admin)."""
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+    OpsRollup.objects.create(start=hour, width=RollupWidth.HOUR, series="pair", key=f"{tiny_model.pk}:none",
+                             count=2, values={"drafted": 8, "accepted": 6})
+    listing = admin_client.get("/admin/metadata/modelversion/").content.decode()
+    assert "Acceptance of each model pair, hourly, last 7 days" in listing
+    assert f"tiny:{tiny_model.version} + no draft" in listing and "75" in listing
+    page = admin_client.get(f"/admin/metadata/modelversion/{tiny_model.pk}/change/").content.decode()
+    assert "Acceptance of this target&#x27;s pairs" in page or "Acceptance of this target's pairs" in page
+    assert f"tiny:{tiny_model.version} + no draft" in page
