@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from inference.engine import GenerationConfig  # noqa: E402
 from inference.engine.batch.engine import BatchRequest  # noqa: E402
 from inference.engine_core.engines import LocalEngines  # noqa: E402
-from inference.engine_core.models import ModelResidency  # noqa: E402
+from inference.engine_core.model_residency import ModelResidency  # noqa: E402
 from inference.engine_core.protocol import EngineSettings  # noqa: E402
 
 

@@ -6,7 +6,7 @@ load it ran every few seconds: pauses of 250-600 ms in the web process and the w
 (measured with ``gc.callbacks`` during ``bench/abuse.py``), each a stall of every request and
 stream in that process. ``gc.freeze()`` moves the objects alive now to a permanent generation
 that collections skip; they were never going to be freed. What a process creates later is
-collected as before. (The engine core freezes its models the same way: engine_core/models.py.)
+collected as before. (The engine core freezes its models the same way: engine_core/model_residency.py.)
 """
 from __future__ import annotations
 

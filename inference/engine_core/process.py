@@ -22,7 +22,7 @@ import time
 import zmq
 
 from inference.engine_core.engines import LocalEngines
-from inference.engine_core.models import ModelResidency
+from inference.engine_core.model_residency import ModelResidency
 from inference.engine_core.protocol import (
     AddToCorpus,
     Cancel,

@@ -4,7 +4,7 @@ With an engine core (``SPECOPS_ENGINE_CORE=process``, the default) the core hold
 the worker, its front, holds only each version's tokenizer (`FrontModels`: prompts are tokenized
 and texts decoded in the front), so one process per device holds each model once. With
 ``thread`` the worker's own loop runs the engines, and `residency` is the models' LRU itself
-(inference/engine_core/models.py). Preloading at worker start: preload.py.
+(inference/engine_core/model_residency.py). Preloading at worker start: preload.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 from inference import version_files
 from inference.conf import conf
-from inference.engine_core.models import ModelResidency
+from inference.engine_core.model_residency import ModelResidency
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ layers, and alternating local/global), a model without SDPA and with soft-capped
 untied heads and a vocabulary padded past the tokenizer. The windows (8) are shorter than the
 sequences the tests run, so speculative steps cross their edges.
 
-Used by tests/inference/engine/test_family_matrix.py and bench/models.py.
+Used by tests/inference/engine/test_family_matrix.py and bench/families.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from inference.engine.batch.engine import BatchRequest
 from inference.engine.config import GenerationConfig
 from inference.engine_core.client import CoreClient, CoreRestarted, RemoteModel
 from inference.engine_core.engines import LocalEngines
-from inference.engine_core.models import ModelResidency
+from inference.engine_core.model_residency import ModelResidency
 from inference.engine_core.protocol import EngineSettings, ModelSpec, Refused, StepReport
 from tests.helpers import wait_for
 

@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from inference.engine_core.models import ModelResidency
+from inference.engine_core.model_residency import ModelResidency
 from inference.engine_core.protocol import ModelSpec
 
 

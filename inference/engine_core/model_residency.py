@@ -1,9 +1,9 @@
 """Loaded models of one device: each version loaded once and kept (an LRU of ``capacity``).
 
 A version is anything with ``pk``, ``directory``, ``device`` and ``dspark_directory``: a
-`protocol.ModelSpec` in the engine core, an inference.models.ModelVersion in a front that runs
-its engines itself. Moved here from the worker so the core process can hold the models without
-Django.
+`protocol.ModelSpec` in the engine core, a ``metadata.models.ModelVersion`` in a front that runs
+its engines itself. It lives in the engine core, not the worker, so the core process can hold the
+models without Django.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The family matrix as a benchmark: every family's tiny random pair through the batched engine.
 
-    .venv/bin/python bench/models.py [--families llama,gemma2] [--new-tokens 32] [--dtype float32]
+    .venv/bin/python bench/families.py [--families llama,gemma2] [--new-tokens 32] [--dtype float32]
 
 For each family of tests/inference/engine/family_models.py (plus two layouts the engine refuses:
 Qwen3-Next's linear attention, Llama 4's chunked attention) it saves a target/draft pair with
