@@ -127,27 +127,6 @@ def _instrument() -> None:
             instrumentor.instrument()
 
 
-def shutdown_tracing() -> None:
-    """Stop recording and take the instrumentations off (tests; a process's end flushes by itself)."""
-    global _enabled
-    with _configure_lock:
-        if not _enabled:
-            return
-        from opentelemetry import trace
-        from opentelemetry.instrumentation.celery import CeleryInstrumentor
-        from opentelemetry.instrumentation.django import DjangoInstrumentor
-        from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
-        from opentelemetry.instrumentation.redis import RedisInstrumentor
-
-        for instrumentor in (DjangoInstrumentor(), CeleryInstrumentor(), PsycopgInstrumentor(), RedisInstrumentor()):
-            if instrumentor.is_instrumented_by_opentelemetry:
-                instrumentor.uninstrument()
-        provider = trace.get_tracer_provider()
-        if hasattr(provider, "force_flush"):
-            provider.force_flush()
-        _enabled = False
-
-
 # ----------------------------------------------------------------------------- spans
 
 

@@ -101,8 +101,3 @@ def add_logged_request(sender: object, requested_at: datetime, status_code: int,
     rollup_buffer.add(requested_at, status_code, duration_ms)
     if rollup_buffer.due():
         rollup_buffer.flush()
-
-
-def flush_request_rollups() -> int:
-    """Flush this process's pending request counts now (tests, shutdown)."""
-    return rollup_buffer.flush()

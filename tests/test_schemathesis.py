@@ -1,7 +1,7 @@
 """Schemathesis against both APIs: over 1,000 cases of each, positive and negative, no 5xx.
 
 The REST API's schema is served at /api/schema/ (drf-spectacular); the OpenAI API's is written by
-hand (``inference.api.openai.schema``: the plain async views have no generated one), its
+hand (``tests/openai_schema.py``: the plain async views have no generated one), its
 ``model`` narrowed to the test's model so positive cases reach a generation.
 In process: the schema is loaded from the project's own WSGI application and every case is sent
 to it through Schemathesis' WSGI transport, authenticated with a real DRF token of a tenant user,
@@ -30,9 +30,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.errors import Unsatisfiable
 from rest_framework.authtoken.models import Token
 
-from inference.api.openai.schema import openai_schema
 from metadata.models import Candidate, Session, TokenRecord
 from specops.wsgi import application
+from tests.openai_schema import openai_schema
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 

@@ -54,6 +54,27 @@ def statement(span: S) -> str:
     return str(span.attributes.get("db.statement") or span.attributes.get("db.query.text") or span.name)
 
 
+def stop_tracing() -> None:
+    """Stop recording and take the instrumentations off, so the rest of the suite runs untraced
+    (a process's end flushes by itself: only the tests turn tracing off)."""
+    from opentelemetry import trace
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    with tracing._configure_lock:
+        if not tracing._enabled:
+            return
+        for instrumentor in (DjangoInstrumentor(), CeleryInstrumentor(), PsycopgInstrumentor(), RedisInstrumentor()):
+            if instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.uninstrument()
+        provider = trace.get_tracer_provider()
+        if hasattr(provider, "force_flush"):
+            provider.force_flush()
+        tracing._enabled = False
+
+
 @pytest.fixture(scope="module")
 def exporter(django_db_setup):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -65,7 +86,7 @@ def exporter(django_db_setup):
         if hasattr(connection, "close_pool"):
             connection.close_pool()
     yield memory
-    tracing.shutdown_tracing()
+    stop_tracing()
     for connection in connections.all():
         connection.close()
         if hasattr(connection, "close_pool"):

@@ -16,7 +16,7 @@ from metadata.models import (
     Session,
 )
 from ops.models import OpsRollup, RollupWidth
-from ops.request_rollups import flush_request_rollups
+from ops.request_rollups import rollup_buffer
 from ops.rollups import backfill_api, roll_up
 
 
@@ -44,20 +44,20 @@ def test_histogram_quantiles_merge():
 
 @pytest.mark.django_db
 def test_api_requests_are_rolled_up_on_write(api_client, tiny_model):
-    flush_request_rollups()
+    rollup_buffer.flush()
     # Rows committed by earlier live-server tests in this minute are not this test's (rolled back after it).
     OpsRollup.objects.filter(series="api").delete()
     RequestLog.objects.all().delete()
     for _ in range(3):
         api_client.get("/api/v1/sessions/")
     api_client.post("/api/v1/generations/", {}, format="json")  # a 400
-    flush_request_rollups()
+    rollup_buffer.flush()
     rows = {row.key: row for row in OpsRollup.objects.filter(series="api", width=RollupWidth.MINUTE)}
     assert rows["2xx"].count == 3 and rows["4xx"].count == 1
     assert sum(rows["2xx"].buckets) == 3 and rows["2xx"].total > 0
     # a second flush adds to the same minute (several processes do), never replaces
     api_client.get("/api/v1/sessions/")
-    flush_request_rollups()
+    rollup_buffer.flush()
     assert OpsRollup.objects.get(series="api", key="2xx", width=RollupWidth.MINUTE).count in (4, 1)  # a new minute
     assert RequestLog.objects.count() == 5  # the raw log keeps every request
 
@@ -105,7 +105,7 @@ def test_backfill_from_the_raw_log_matches_the_raw_percentiles(tenant):
 def test_dashboard_draws_charts_from_rollups_without_scanning_raw_rows(admin_client, api_client, tenant, tiny_model):
     for ms in range(3):
         api_client.get("/api/v1/sessions/")
-    flush_request_rollups()
+    rollup_buffer.flush()
     finished_session(tenant, tiny_model, "tree")
     CacheStatsSnapshot.objects.create(cache="session_state", tier="local", hits=90, misses=10)
     roll_up()

@@ -1,8 +1,9 @@
-"""An OpenAPI description of the /v1/ endpoints (the OpenAI protocol as this server implements it).
+"""An OpenAPI description of the /v1/ endpoints (the OpenAI protocol as this server implements it), to fuzz them.
 
 drf-spectacular describes the DRF views only; the OpenAI endpoints are plain async views, so their
 description is written here, from the same bounds (``inference.limits``) and field lists as the
-parser (``serializers``). ``tests/test_schemathesis.py`` fuzzes the OpenAI API from it.
+parser (``inference.api.openai.serializers``). ``tests/test_schemathesis.py`` fuzzes the OpenAI
+API from it.
 """
 from __future__ import annotations
 
