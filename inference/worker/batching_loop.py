@@ -19,9 +19,9 @@ reason "timeout") and cancellation (a session whose row an operator or client se
 
 The loop thread records; what a step leaves behind (stream events, row flushes, sessions' ends)
 is published and written off it, in the order the loop hands it over (batch_output.py).
-Cancellation polls and lease renewals (fencing.renew_leases) stay on the loop thread.
+Cancellation polls and lease renewals (``sessions.runs.renew_leases``) stay on the loop thread.
 
-Fencing (fencing.py): a run whose fence turns out stale (a renewal or a flush refused: another
+Fencing (``sessions.runs.fencing``): a run whose fence turns out stale (a renewal or a flush refused: another
 run took its session over while this process was paused) leaves the batch at the next step
 boundary with no final write, and its task thread is woken with status ``superseded``. A second
 row for a session the loop already runs is a later claim: the older row leaves, and the newer
@@ -47,7 +47,6 @@ from inference.engine_core.engines import LocalEngines
 from inference.engine_core.protocol import EngineSettings, Refused, StepReport
 from inference import affinity
 from inference.worker import compile_reading, metrics, prefix_cache_reading, suffix_feed
-from inference.worker.fencing import SUPERSEDED, renew_leases
 from inference.worker.batch_output import BatchOutput
 from inference.worker.lifecycle import session_end
 from inference.worker.residency import residency
@@ -55,6 +54,7 @@ from inference.worker.recorder import BatchRecorder
 from inference.worker.session_job import SessionEnd, SessionJob
 from inference.worker.write_behind import MAX_ITEMS, WriteBehind
 from metadata.models import Session, SessionStatus
+from sessions.runs import SUPERSEDED, renew_leases
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ class SessionJob:
 
     @property
     def fence(self) -> int:
-        """The run's fence: the ``attempts`` its claim returned (fencing.py)."""
+        """The run's fence: the ``attempts`` its claim returned (``sessions.runs.fencing``)."""
         return self.session.attempts
 
     @property
