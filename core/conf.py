@@ -35,7 +35,7 @@ SETTINGS = (
             "file the console exporter appends spans to, one JSON object a line (empty: stdout)"),
     Setting("SPECOPS_TRACING_SAMPLE_RATIO", float, 1.0,
             "share of new traces recorded (a worker follows the request's decision)"),
-    # Latency budget (seed 002) per component, against its measured p95: the admin's latency page.
+    # Latency budget per component, against its measured p95: the admin's latency page.
     *(Setting(f"SPECOPS_BUDGET_{name.upper()}_MS", float, default, f"p95 budget of {meaning}")
       for name, default, meaning in (
           ("auth", 10.0, "authentication, tenant and throttles"),

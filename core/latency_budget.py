@@ -1,7 +1,7 @@
-"""The latency budget of seed 002: each component of a generation's path to its first token,
-measured as a Prometheus histogram, against a p95 budget from the environment.
+"""The latency budget: each component of a generation's path to its first token, measured as a
+Prometheus histogram, against a p95 budget from the environment.
 
-The seed splits an SLO into a budget per component, so a slow request says where its time went.
+An SLO split into a budget per component, so a slow request says where its time went.
 Here the path to the first token is::
 
     auth -> validation -> cache -> db write -> enqueue -> queue wait -> inference -> streaming

@@ -1,8 +1,9 @@
 """System checks of the metadata store's settings (stable ids: metadata.E0xx), run at start-up.
 
-A bad partition interval used to surface only when beat's first rotation ran; a zero TTL only
-as a cache that never hits. Values are read through ``metadata.conf.conf`` and each rule names
-its setting, the rule and the default in its hint. Registered by ``MetadataConfig.ready()``.
+Checked at start-up, a bad partition interval stops the process at once instead of at beat's
+first rotation, and a zero TTL is named instead of showing as a cache that never hits. Values
+are read through ``metadata.conf.conf`` and each rule names its setting, the rule and the
+default in its hint. Registered by ``MetadataConfig.ready()``.
 
     metadata.E001  SPECOPS_PARTITION_INTERVAL does not parse
     metadata.E002  SPECOPS_PARTITION_PREMAKE below 1

@@ -19,7 +19,7 @@ def dashboard(request):
 
 
 def latency_budget(request):
-    """The latency budget of seed 002: each component's measured p95 against its budget."""
+    """The latency budget: each component's measured p95 against its budget."""
     from core.charts import Reference, Series, bar_chart
     from core.latency_budget import budget_context
 

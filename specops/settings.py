@@ -206,8 +206,8 @@ LOGGING = {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Read path (issue 5): replica routing with read-your-writes, two-tier cache, prediction cache.
-# Owned by the read-path module (metadata/replicas/router.py, metadata/cache*.py, inference/prediction_cache.py).
+# Read path: replica routing with read-your-writes, two-tier cache, prediction cache
+# (metadata/replicas/, metadata/cache/, sessions/submission/prediction_cache.py).
 # The read-path caches' own django-redis alias: same Redis as "default", but a connection that
 # fails at once instead of redis-py's default 10 retries with backoff (3.5 s a call while Redis is
 # down); the caches then read from the database until Redis answers again.

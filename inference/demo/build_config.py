@@ -123,7 +123,7 @@ class DemoBuildConfig:
             prompt_count=4,
             prompt_tokens=24,
             eval_new_tokens=16,
-            dspark=None,  # the quick pair needs no DSpark drafter (issue 25)
+            dspark=None,  # the quick pair serves at once: no DSpark drafter to train
         )
 
     @classmethod

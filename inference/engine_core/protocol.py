@@ -34,7 +34,7 @@ class ModelSpec:
 
     @classmethod
     def of(cls, version) -> ModelSpec:
-        """The spec of an inference.models.ModelVersion (or anything with its attributes)."""
+        """The spec of a metadata.models.ModelVersion (or anything with its attributes)."""
         dspark = getattr(version, "dspark_directory", None)
         return cls(pk=version.pk, directory=str(version.directory), device=getattr(version, "device", "cpu"),
                    label=str(version), dspark_directory=str(dspark) if dspark else None,

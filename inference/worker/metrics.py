@@ -87,7 +87,7 @@ FORWARD_KINDS = ("target", "draft", "prefill", "draft_prefill")
 
 # ---------------------------------------------------------------------------- speculation
 
-# Confidence-scheduled verification (issue 25): the lengths the scheduler verified, and its
+# Confidence-scheduled verification: the lengths the scheduler verified, and its
 # survival estimates against what was accepted (accepted / expected is the calibration).
 SCHEDULED_VERIFY_STEPS = Counter(
     "specops_scheduled_verify_steps_total", "Steps whose verification length the scheduler chose, by length.",

@@ -1,10 +1,10 @@
 """The batching loop's writes, off the loop thread: one writer thread per loop, in FIFO order.
 
-After each step the loop thread used to publish the step's stream events to Redis, flush token
-and candidate rows to PostgreSQL and write the end of every session that finished, while the
-model sat idle (a profile: ~28 % of the loop's wall time waited on PostgreSQL and Redis). Now
-the loop thread only computes (the step, its rows, its events, a session's outcome) and hands
-each write to this thread as one work item, so its forwards no longer wait on PostgreSQL/Redis.
+The loop thread only computes (the step, its rows, its events, a session's outcome) and hands
+each write (the step's stream events to Redis, token and candidate rows to PostgreSQL, the end
+of every session that finished) to this thread as one work item, so its forwards do not wait on
+PostgreSQL and Redis: written on the loop thread, they kept the model idle for ~28 % of the
+loop's wall time in a profile.
 
 Ordering: one writer runs the items in the order they were put, so whatever the loop hands over
 in order is written in that order. For a session this means: its ``tokens`` events are published

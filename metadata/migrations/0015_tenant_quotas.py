@@ -1,4 +1,4 @@
-"""Tenant quotas (issue 29): a tenant's own limits of live generations and open streams, and the
+"""Tenant quotas: a tenant's own limits of live generations and open streams, and the
 index that counts a tenant's live sessions cheaply.
 
 ``session_tenant_live`` is a partial index of the sessions queued or running, by tenant: the

@@ -198,7 +198,7 @@ def pieces_decoder(tokens: list[TokenRecord]) -> Decoder:
 
 
 # The speculation of a session, as the admin's session page lists it: what was drafted and kept,
-# and, where the verification scheduler chose the lengths (issue 25), how many positions each step
+# and, where the verification scheduler chose the lengths, how many positions each step
 # verified (verified_lengths[L]: steps that verified L) and how its survival estimates compared with
 # what was accepted (survival_calibration = accepted / expected; 1: calibrated).
 STATS_SHOWN = ("drafter", "steps", "drafted", "accepted", "acceptance_rate", "mean_accepted_length",

@@ -1,8 +1,8 @@
 """One blocking read for every open stream of a web process: the stream hub.
 
-Each open SSE stream used to block in an ``XREAD`` of its own, on a Redis connection of its own,
-so a web process's open streams were bounded by Redis's ``maxclients`` (shared by every process)
-and past it the throttles, which count in Redis too, failed open. Now one reader task per event
+A stream blocking in an ``XREAD`` of its own, on a Redis connection of its own, would bound a web
+process's open streams by Redis's ``maxclients`` (shared by every process), and past it the
+throttles, which count in Redis too, would fail open. Instead one reader task per event
 loop (``StreamHub``) blocks in a single ``XREAD`` over every followed key, each key at the lowest
 entry id its followers have reached, and hands each follower (a ``Subscription``) the entries
 after its own position, in order, each once. A process then needs a few connections from a
