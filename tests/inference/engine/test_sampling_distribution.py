@@ -5,7 +5,8 @@ tokens (after temperature / top-k / top-p) is computed from 1 + 8 forwards, then
 runs many seeded generations and a chi-square test compares the counts (64 cells, cells with an
 expected count under 5 pooled). Seeds are fixed, so the p-value is a fixed number: a correct
 decoder must score above 0.001; the negative control (the draft's own distribution, which is
-what a decoder that accepted every draft would emit) scores far below it.
+what a decoder that accepted every draft would emit) scores far below it. How many runs: see
+chi_square.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from .chi_square import exact_joint, joint_p_value
 from .conftest import draft_model, noisy_copy, target_model
 
 VOCAB = 8
-RUNS = 2500
+# 1,000 runs over the 36 cells left after pooling reject a deviation of w >= 0.27 at p < 1e-3
+# with power 0.99: the residual bug's 0.38 (T = 1; 0.44 warped), the all-accepting control's > 2
+# (chi_square.py). 2,500 runs resolved w >= 0.18 at 2.5x the CPU.
+RUNS = 1000
 P_VALUE_FLOOR = 1e-3
 PROMPT = [3, 1, 4]
 
@@ -50,9 +54,10 @@ def _counts(decoder: SpeculativeDecoder, generation: dict) -> np.ndarray:
     return counts
 
 
+# The tree at temperature 1.0 (width 3, budget 6) is test_dynamic_tree.py's lossless test: the
+# same models, prompt, seeds and settings, so the same counts; it runs there only.
 CASES = [
     ("draft_model", DraftConfig(length=2), dict(temperature=1.0)),
-    ("tree", DraftConfig(tree_width=3, tree_depth=2, node_budget=6), dict(temperature=1.0)),
     ("tree", DraftConfig(tree_width=2, tree_depth=2, node_budget=4),
      dict(temperature=0.8, top_k=6, top_p=0.9)),
 ]
