@@ -160,7 +160,10 @@ def test_dspark_needs_its_checkpoint():
         build_drafter("dspark", target_model("llama"))
 
 
-VOCAB, RUNS, PROMPT = 8, 2500, [3, 1, 4]
+# 1,000 runs over the 12 cells the warped target can emit reject a deviation of w >= 0.23 at
+# p < 1e-3 with power 0.99 (chi_square.py; the residual bug is w >= 0.38 on the 8-token llama
+# pair); 2,500 resolved w >= 0.14 at 2.5x the CPU.
+VOCAB, RUNS, PROMPT = 8, 1000, [3, 1, 4]
 
 
 # Plain T = 1 is the batched engine's chi-square test (test_dspark_batched.py); here the warped case.
