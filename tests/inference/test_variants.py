@@ -102,7 +102,8 @@ def test_promoting_a_draft_variant_retires_the_draft_repoints_the_target_and_inv
         tiny_model, tenant, django_capture_on_commit_callbacks):
     draft = tiny_model.default_draft
     variant = build_variant(draft, "int8", measure=False)
-    key = prediction_cache.request_key(tenant.pk, tiny_model.pk, draft.pk, "draft_model", "x", {"temperature": 0.0})
+    key = prediction_cache.request_key(tenant.pk, tiny_model.pk, draft.pk, "draft_model", "x", {"temperature": 0.0},
+                                       deterministic=True)
     result = {"text": "cached", "token_count": 1, "finish_reason": "eos", "stats": {}, "source_session": "-"}
     assert prediction_cache.store(key, result) and prediction_cache.lookup(key) is not None
     with django_capture_on_commit_callbacks(execute=True):
