@@ -6,6 +6,7 @@ toy sizes, so each build takes seconds.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 
@@ -38,6 +39,9 @@ from inference.demo.tiny_models import (
 )
 
 QUICK = DemoBuildConfig.quick(seed=0)
+# Every build here trains on one thread (threads=1; the CLI's through `one_thread_builds`): a
+# quick build took 1.7 CPU-s and 3 s on one thread, 5.7 CPU-s and 14 s on the two cores of a
+# busy machine, whose second thread mostly waits. Builds compared weight for weight use the same.
 
 
 def weights(directory) -> dict[str, torch.Tensor]:
@@ -49,9 +53,16 @@ def same_weights(first, second) -> bool:
     return one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
 
 
+@pytest.fixture
+def one_thread_builds(monkeypatch):
+    """The CLI's builds (which use every core) on one thread; the build itself is the real one."""
+    monkeypatch.setattr(demo_models, "build_demo_models",
+                        functools.partial(demo_models.build_demo_models, threads=1))
+
+
 @pytest.fixture(scope="module")
 def quick_build(tmp_path_factory):
-    return build_demo_models(tmp_path_factory.mktemp("demo"), config=QUICK, progress=False)
+    return build_demo_models(tmp_path_factory.mktemp("demo"), config=QUICK, progress=False, threads=1)
 
 
 # --- corpus -----------------------------------------------------------------------------------
@@ -192,7 +203,7 @@ def test_quick_build_writes_a_loadable_pair_and_heldout_prompts(quick_build):
 
 
 def test_finished_build_is_reused_and_a_new_config_rebuilds(tmp_path, monkeypatch):
-    first = build_demo_models(tmp_path, config=QUICK, progress=False)
+    first = build_demo_models(tmp_path, config=QUICK, progress=False, threads=1)
     mtime = (first.target_dir / "model.safetensors").stat().st_mtime_ns
 
     def must_not_train(*args, **kwargs):
@@ -200,12 +211,12 @@ def test_finished_build_is_reused_and_a_new_config_rebuilds(tmp_path, monkeypatc
 
     with monkeypatch.context() as patch:
         patch.setattr(demo_models, "train_language_model", must_not_train)
-        again = build_demo_models(tmp_path, config=QUICK, progress=False)
+        again = build_demo_models(tmp_path, config=QUICK, progress=False, threads=1)
     assert again.metrics == first.metrics
     assert (first.target_dir / "model.safetensors").stat().st_mtime_ns == mtime
 
     before = weights(first.target_dir)
-    build_demo_models(tmp_path, config=replace(QUICK, seed=1), progress=False)
+    build_demo_models(tmp_path, config=replace(QUICK, seed=1), progress=False, threads=1)
     marker = json.loads((tmp_path / "build.json").read_text())
     assert marker["config_hash"] == replace(QUICK, seed=1).digest() != QUICK.digest()
     after = weights(first.target_dir)
@@ -221,7 +232,7 @@ def test_build_is_deterministic_and_an_interrupted_build_resumes(
     with monkeypatch.context() as patch:
         patch.setattr(demo_models, "distil_draft", interrupted)
         with pytest.raises(KeyboardInterrupt):
-            build_demo_models(tmp_path, config=QUICK, progress=False)
+            build_demo_models(tmp_path, config=QUICK, progress=False, threads=1)
     assert not (tmp_path / "build.json").exists()
     assert (tmp_path / ".build" / "target" / "config.json").is_file()
 
@@ -229,7 +240,7 @@ def test_build_is_deterministic_and_an_interrupted_build_resumes(
     real_train = demo_models.train_language_model
     monkeypatch.setattr(demo_models, "train_language_model",
                         lambda *a, **k: trained.append(1) or real_train(*a, **k))
-    resumed = build_demo_models(tmp_path, config=QUICK, progress=False)
+    resumed = build_demo_models(tmp_path, config=QUICK, progress=False, threads=1)
     assert trained == []  # the target phase was finished and is not redone
     assert same_weights(resumed.target_dir, quick_build.target_dir)
     assert same_weights(resumed.draft_dir, quick_build.draft_dir)
@@ -240,7 +251,7 @@ def test_a_build_with_a_cache_dir_keeps_its_tokenizer_there_and_builds_the_same_
     tmp_path, quick_build
 ):
     cache = tmp_path / "cache"
-    cached = build_demo_models(tmp_path / "demo", config=QUICK, progress=False, cache_dir=cache)
+    cached = build_demo_models(tmp_path / "demo", config=QUICK, progress=False, threads=1, cache_dir=cache)
     assert len(list((cache / "tokenizers").glob(f"stdlib-bpe-{QUICK.vocab_size}-*/tokenizer.json"))) == 1
     target, reference = load_causal_lm(cached.target_dir), load_causal_lm(quick_build.target_dir)
     assert target.tokenizer.get_vocab() == reference.tokenizer.get_vocab()
@@ -248,7 +259,7 @@ def test_a_build_with_a_cache_dir_keeps_its_tokenizer_there_and_builds_the_same_
     assert same_weights(cached.target_dir, quick_build.target_dir)
 
 
-def test_cli_builds_and_reports_errors_in_one_line(tmp_path, capsys):
+def test_cli_builds_and_reports_errors_in_one_line(tmp_path, capsys, one_thread_builds):
     assert main(["--out", str(tmp_path / "demo"), "--quick", "--no-progress"]) == 0
     assert "acceptance" in capsys.readouterr().out
     (tmp_path / "a-file").write_text("")
