@@ -22,6 +22,18 @@ from tests.paths import REPO_ROOT
 ROOT = REPO_ROOT
 
 
+@pytest.fixture(scope="module", autouse=True)
+def single_thread_torch():
+    """One intra-op thread, as in tests/inference/engine: the tiny models' forwards on a second
+    thread of a shared 2-core machine mostly wait (the variant builds measure on one already)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _build(*args: str) -> str:
     out = StringIO()
     call_command("build_variants", *args, stdout=out)
