@@ -30,8 +30,21 @@ def specs(tiny_model_dirs):
     return (ModelSpec(1, str(target_dir), label="tiny target"), ModelSpec(2, str(draft_dir), label="tiny draft"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def single_thread_torch():
+    """One intra-op thread for the engines run in this process, as in tests/inference/engine: the
+    tiny models' forwards on a second thread of a shared 2-core machine mostly wait."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
-def core():
+def core(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the core process's torch: one thread too
     client = CoreClient(SETTINGS)
     yield client
     client.close()
