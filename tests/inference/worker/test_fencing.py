@@ -398,7 +398,7 @@ def test_a_worker_paused_past_its_lease_and_resumed_ends_each_session_once(api_c
 
     settings.SPECOPS_MAX_ATTEMPTS = 3
     app.control.purge()
-    new_tokens = 90
+    new_tokens = 300  # long enough that the pause comes midway: 90 tokens took 0.2-0.3 s, often over before it
     prompts = [nonce_prompt(body) for body in ("def parse(text):\n    ", "class Node:\n    ")]
     expected = [target_greedy(tiny_model.directory, prompt, new_tokens) for prompt in prompts]
     worker = start_worker("cpu", "fenced", tmp_path / "fenced.log", extra_env={
