@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from inference.worker.session_params import is_deterministic
 from sessions.submission import prediction_cache
 from metadata.models import ModelVersion
 from metadata.models import Session, SessionStatus
@@ -22,13 +23,21 @@ def finished(session: Session, text: str = "hello world") -> Session:
 
 def remember(session: Session) -> bool:
     """What the worker does after a generation: cache its result (a no-op unless deterministic)."""
-    return prediction_cache.remember_result(session, text=session.text, token_count=session.token_count,
+    return prediction_cache.remember_result(session, deterministic=is_deterministic(session.params),
+                                            text=session.text, token_count=session.token_count,
                                             finish_reason=session.finish_reason, stats=session.stats)
 
 
 def key_like(session: Session, **params) -> prediction_cache.RequestKey | None:
+    params = {**session.params, **params}
     return prediction_cache.request_key(session.tenant_id, session.target_id, session.draft_id, session.drafter,
-                                        session.prompt, {**session.params, **params})
+                                        session.prompt, params, deterministic=is_deterministic(params))
+
+
+def serve(validated: dict, params: dict, tenant, user) -> Session | None:
+    """What submission does first: a deterministic request answered from the cache (the serializer
+    tells whether it is deterministic, by the worker's rule)."""
+    return prediction_cache.serve_from_cache(validated, params, tenant, user, deterministic=is_deterministic(params))
 
 
 def test_repeated_deterministic_request_hits(tenant, target_version):
@@ -70,10 +79,10 @@ def test_api_hook_serves_a_hit_as_a_succeeded_session(tenant, api_user, target_v
     validated = {"target": target_version, "draft": None, "drafter": source.drafter, "prompt": source.prompt,
                  "prompt_tokens": source.prompt_tokens}
 
-    served = prediction_cache.serve_from_cache(validated, GREEDY, tenant, api_user)
+    served = serve(validated, GREEDY, tenant, api_user)
 
     assert served is not None and served.pk != source.pk
     served.refresh_from_db()
     assert (served.status, served.text, served.created_by_id) == (SessionStatus.SUCCEEDED, "cached text", api_user.pk)
     assert served.stats["prediction_cache"] == {"hit": True, "source": str(source.pk)}
-    assert prediction_cache.serve_from_cache(validated, {**GREEDY, "temperature": 0.9}, tenant, api_user) is None
+    assert serve(validated, {**GREEDY, "temperature": 0.9}, tenant, api_user) is None

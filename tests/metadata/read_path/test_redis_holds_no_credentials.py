@@ -76,7 +76,7 @@ def test_after_a_tenant_reads_its_sessions_redis_holds_no_token_password_hash_or
         assert get_session_state(session.pk)["tenant_id"] == session.tenant_id
     assert client.get("/api/v1/sessions/").status_code == 200
     key = prediction_cache.request_key(sessions[0].tenant_id, sessions[0].target_id, None, "ngram", "p",
-                                       {"temperature": 0})
+                                       {"temperature": 0}, deterministic=True)
     assert prediction_cache.store(key, {"text": "x", "token_count": 1, "finish_reason": "length", "stats": {},
                                         "source_session": str(sessions[0].pk)})
 
@@ -106,7 +106,8 @@ def test_a_pickle_planted_where_the_caches_read_is_a_miss_and_never_runs(api_use
                          (token_cache(), token.key)):
         cache.clear_local()
         client.set(cache.key(ident), planted, ex=60)
-    key = prediction_cache.request_key(session.tenant_id, session.target_id, None, "ngram", "q", {"temperature": 0})
+    key = prediction_cache.request_key(session.tenant_id, session.target_id, None, "ngram", "q", {"temperature": 0},
+                                       deterministic=True)
     client.set(key.redis_key(0, 0), planted, ex=60)
 
     with lsn.floor_scope():
