@@ -103,7 +103,7 @@ class StaticRaggedCache:
 
     def keep_rows(self, rows: list[int]) -> None:
         """Keep only `rows`, in that order (the others leave the batch)."""
-        self.pool.keep_rows(rows)
+        self.pool.keep_rows(rows, self.slots.shape[1])
         self.slots = self.slots[rows] if rows else torch.zeros(0, 0, dtype=torch.bool)
         self._tokens = int(self.slots.sum())
         if not rows:

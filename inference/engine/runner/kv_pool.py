@@ -88,13 +88,25 @@ class KVPool:
         self.keys[:rows, :, :, start:start + count] = keys[:rows, :, :, :count]
         self.values[:rows, :, :, start:start + count] = values[:rows, :, :, :count]
 
-    def keep_rows(self, rows: list[int]) -> None:
-        """Rows `rows` (in that order) become rows 0..len-1; the rest are free."""
+    def keep_rows(self, rows: list[int], width: int | None = None) -> None:
+        """Rows `rows` (in that order) become rows 0..len-1; the rest are free. Only the first
+        `width` slots (all when None) are moved: the rest hold nothing a row reads, and a pool is
+        most of a device's memory, so a copy of all of it would cost more than the step."""
         if rows == list(range(len(rows))):
             return
+        width = self.capacity if width is None else width
+        if width <= 0:
+            return
+        if all(first < second for first, second in zip(rows, rows[1:])):
+            # in order (rows leaving the batch): each kept row moves down, onto a row already read
+            for destination, source in enumerate(rows):
+                if destination != source:
+                    self.keys[destination, :, :, :width] = self.keys[source, :, :, :width]
+                    self.values[destination, :, :, :width] = self.values[source, :, :, :width]
+            return
         index = torch.tensor(rows, dtype=torch.long, device=self.keys.device)
-        self.keys[:len(rows)] = self.keys.index_select(0, index)
-        self.values[:len(rows)] = self.values.index_select(0, index)
+        self.keys[:len(rows), :, :, :width] = self.keys[:, :, :, :width].index_select(0, index)
+        self.values[:len(rows), :, :, :width] = self.values[:, :, :, :width].index_select(0, index)
 
     def gather_row(self, row: int,
                    # [width] the row's slots in sequence order

@@ -25,7 +25,7 @@ from inference.engine.errors import ConfigError
 from inference.engine.kv.prefix_cache import PrefixCache
 from inference.engine.kv.ragged import RaggedCache, RowInput
 from inference.engine.kv.static_ragged import StaticRaggedCache
-from inference.engine.runner.kv_pool import PoolShape, pool_rows_within
+from inference.engine.runner.kv_pool import KVPool, PoolShape, pool_rows_within
 from inference.engine.runner.model_runner import ModelRunner
 from inference.engine.runner.static_forward import static_forward_refusal
 
@@ -215,3 +215,18 @@ def test_the_pool_is_sized_from_the_memory_budget():
                                       compile=CompileSettings(mode="auto", kv_budget_mb=budget_mb))
     capacity = engine.runners.target.capacity
     assert engine.max_rows == min(64, budget_mb * 2**20 // (shape.bytes_per_slot() * capacity))
+
+
+@pytest.mark.parametrize("rows", [[1, 3], [0, 2, 3], [2, 0, 1], [3]])
+def test_a_pool_keeps_rows_in_their_new_order_over_the_slots_in_use(rows):
+    """Rows leaving the batch (kept rows in order) move row by row; any other order in one gather.
+    Either way only the slots in use move, and a kept row's slots are exactly its old ones."""
+    shape = PoolShape(layers=2, kv_heads=2, head_dim=3, dtype=torch.float64)
+    pool = KVPool(shape, rows=4, capacity=10, device="cpu")
+    pool.keys.copy_(torch.randn(pool.keys.shape, dtype=torch.float64))
+    pool.values.copy_(torch.randn(pool.values.shape, dtype=torch.float64))
+    keys, values = pool.keys.clone(), pool.values.clone()
+    pool.keep_rows(rows, width=6)
+    for destination, source in enumerate(rows):
+        torch.testing.assert_close(pool.keys[destination, :, :, :6], keys[source, :, :, :6], rtol=0, atol=0)
+        torch.testing.assert_close(pool.values[destination, :, :, :6], values[source, :, :, :6], rtol=0, atol=0)
