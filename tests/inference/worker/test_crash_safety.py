@@ -36,6 +36,7 @@ IDLE_QUEUE = "crash-safety-idle"  # no worker consumes it: the fast tests count 
 # One torch thread: on a small shared machine, more threads only fight over the cores.
 WORKER_ENV = {"SPECOPS_SESSION_LEASE_S": str(LEASE_S), "SPECOPS_TOKEN_FLUSH_MS": "100", "OMP_NUM_THREADS": "1"}
 LONG = 300  # new tokens of the generation that is killed: long enough to kill it midway
+FLUSH_TOKENS = 900  # new tokens of each flushed-broker session: 160 ended in 0.4 s, inside the test's window
 
 
 @pytest.fixture
@@ -274,12 +275,15 @@ def test_a_flushed_broker_loses_no_session(api_client, tiny_model, fast_leases, 
                                                "def main():\n")]
     worker = start_worker("cpu", "crash-flush", tmp_path / "flush.log", extra_env=WORKER_ENV)
     try:
-        ids = [generation(api_client, prompt, 160) for prompt in prompts]
+        # FLUSH_TOKENS each: the four running sessions hold their threads for seconds, so none ends
+        # (and frees a thread for the fifth's message) between the checks below and the flush
+        ids = [generation(api_client, prompt, FLUSH_TOKENS) for prompt in prompts]
         wait_for(lambda: Session.objects.filter(pk__in=ids, status="running").count() == 4, timeout=60,
                  interval=0.05, what="four sessions running")
         wait_for(lambda: committed(ids[0]) >= 1, timeout=60, interval=0.05, what="tokens committed")
         queued = Session.objects.get(pk__in=ids, status="queued")
         broker().flushdb()  # the queued task, the running tasks' unacked entries, the streams so far
+        assert Session.objects.get(pk=queued.pk).status == "queued", "the fifth was taken before the flush"
         wait_for(lambda: reconcile_sessions().requeued == [str(queued.pk)], timeout=30, interval=0.5,
                  what="the reconciler to send the lost task again")
         bodies = [wait_for(lambda sid=sid: finished(api_client, sid), timeout=180, what="a generation")
@@ -290,7 +294,7 @@ def test_a_flushed_broker_loses_no_session(api_client, tiny_model, fast_leases, 
     for prompt, session_id, body in zip(prompts, ids, bodies):
         # the target's greedy tokens for the lost one and one that ran through the flush (time)
         check_tokens = session_id in (ids[0], str(queued.pk))
-        expected = target_greedy(tiny_model.directory, prompt, 160) if check_tokens else None
+        expected = target_greedy(tiny_model.directory, prompt, FLUSH_TOKENS) if check_tokens else None
         assert_ended_once(api_client, session_id, expected)
         assert body["attempts"] == 1
 
