@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from inference.engine.models.loading import LoadedModel
+    from inference.engine.lm.loading import LoadedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -112,7 +112,7 @@ def load_pair_dirs(target_dir: Path, draft_dir: Path, device: str = "cpu") -> tu
         if not (Path(directory) / "config.json").is_file():
             sys.exit(f"error: no model in {directory}; build the demo pair first "
                      "(python manage.py build_demo_models)")
-    from inference.engine.models.loading import load_model_pair
+    from inference.engine.lm.loading import load_model_pair
 
     return load_model_pair(target_dir, draft_dir, device=device)
 

@@ -115,7 +115,7 @@ def load_pair(args: argparse.Namespace):
 def load_weak_draft(args: argparse.Namespace, draft):
     """The weak draft (built and cached on first use), on the demo draft's device."""
     from bench.weak_draft import build_weak_draft
-    from inference.engine.models.loading import load_causal_lm
+    from inference.engine.lm.loading import load_causal_lm
 
     directory = build_weak_draft(Path(args.model_dir), args.weak_steps,
                                  threads=max(1, torch.get_num_threads()),

@@ -43,8 +43,8 @@ from bench.common import say  # noqa: E402
 from inference.engine import DraftConfig, GenerationConfig  # noqa: E402
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
 from inference.engine.batch.policy import SpeculationPolicy  # noqa: E402
-from inference.engine.models.loading import ModelLoadError, check_servable, load_model_pair  # noqa: E402
-from inference.engine.models.modeling import supports_lean_forward  # noqa: E402
+from inference.engine.lm.loading import ModelLoadError, check_servable, load_model_pair  # noqa: E402
+from inference.engine.lm.modeling import supports_lean_forward  # noqa: E402
 from tests.inference.engine.family_models import FAMILIES, save_family_pair, shared_tokenizer  # noqa: E402
 
 # Layouts the engine refuses, probed so the refusal path is part of the run: (name, model_type, fields)

@@ -44,7 +44,7 @@ def prepare() -> Callable[[list[int]], str]:
     django.setup()
     from django.core.management import call_command
 
-    from inference.engine.models.loading import load_tokenizer
+    from inference.engine.lm.loading import load_tokenizer
     from metadata.models import ModelVersion
     from sessions.streams import token_stream
 

@@ -1,5 +1,5 @@
 """Linear kernels benchmark: the demo pair's forwards with torch's own products and with oneDNN's
-where the engine chose it (inference/engine/models/linear_kernels.py), interleaved, one run.
+where the engine chose it (inference/engine/lm/linear_kernels.py), interleaved, one run.
 
     .venv/bin/python bench/matmul_kernels.py [--model-dir models] [--repeats 7]
 
@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from inference.engine.models.linear_kernels import LinearKernels, onednn_available, set_linear_kernels  # noqa: E402
+from inference.engine.lm.linear_kernels import LinearKernels, onednn_available, set_linear_kernels  # noqa: E402
 from inference.engine.kv.ragged import RaggedCache, RowInput  # noqa: E402
 from bench.common import load_demo_pair, require_demo_pair  # noqa: E402
 

@@ -4,7 +4,7 @@
 
 Configurations (target / draft): fp32 / fp32; fp32 / int8 (`int8_draft`); int8 / int8
 (`int8_both`); bf16 / bf16; compiled / compiled. Every variant is built (or reused) beside the
-fp32 directories by `inference.engine.models.variants.build_variant_dir`, the code `manage.py
+fp32 directories by `inference.engine.lm.variants.build_variant_dir`, the code `manage.py
 build_variants` runs, and loaded back through `load_causal_lm`, as the worker loads it.
 
 For each configuration: greedy tok/s at batch 1 (SpeculativeDecoder) and batch 8
@@ -47,10 +47,10 @@ from inference.engine import (  # noqa: E402
     generate_plain,
 )
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest  # noqa: E402
-from inference.engine.models.loading import load_causal_lm  # noqa: E402
+from inference.engine.lm.loading import load_causal_lm  # noqa: E402
 from inference.engine.batch.policy import SpeculationPolicy  # noqa: E402
-from inference.engine.models.variant_writer import build_variant_dir  # noqa: E402
-from inference.engine.models.variants import model_size_bytes  # noqa: E402
+from inference.engine.lm.variant_writer import build_variant_dir  # noqa: E402
+from inference.engine.lm.variants import model_size_bytes  # noqa: E402
 
 #: configuration -> (target variant, draft variant); None is the fp32 directory itself
 CONFIGS = {

@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.linear_kernels == "torch":
-        from inference.engine.models.linear_kernels import LinearKernels, set_linear_kernels
+        from inference.engine.lm.linear_kernels import LinearKernels, set_linear_kernels
 
         set_linear_kernels(LinearKernels(enabled=False))
         os.environ["SPECOPS_ONEDNN_LINEAR"] = "false"  # the API run's worker inherits it

@@ -154,7 +154,7 @@ def chain_length(rate: float, budget: int) -> float:
 def measure_pair(target, draft, prompts: list[list[int]], new_tokens: int, seed: int, label: str) -> dict[str, list[float]]:
     """Average cumulative sibling rates per rule over the positions of target-sampled continuations."""
     from inference.engine import GenerationConfig, generate_plain
-    from inference.engine.models.modeling import align_vocab
+    from inference.engine.lm.modeling import align_vocab
 
     collected: dict[str, list[list[float]]] = {"rrs": [], "bound": [], "topk": []}
     model = target.model
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     from bench.weak_draft import build_weak_draft
     from inference.demo.prompts import load_heldout_prompts
-    from inference.engine.models.loading import load_causal_lm
+    from inference.engine.lm.loading import load_causal_lm
 
     model_dir = Path(args.model_dir)
     require_demo_pair(model_dir)

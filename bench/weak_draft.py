@@ -23,7 +23,7 @@ from inference.demo import corpus
 from inference.demo.builder import DemoBuildConfig, copy_matching_weights
 from inference.demo.model_files import is_complete, random_causal_lm, save_model_dir
 from inference.demo.training import OptimConfig, distil_draft, encode_stream
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 
 RECIPE = 1
 CORPUS_CHARS = 1_500_000

@@ -36,7 +36,7 @@ from django.utils.html import format_html, format_html_join
 
 from inference import version_files
 from inference.api.serializers import GenerationRequestSerializer
-from inference.engine.drafters.registry import DRAFTERS
+from inference.engine.drafters.kinds import DRAFTERS
 from inference.tokenizers import tokenizer_for
 from inference.models import CanaryMismatch
 from metadata.models import ModelVersion, VersionStatus

@@ -31,7 +31,7 @@ SETTINGS = (
             "64, or 8 on a CPU in the shared mode)"),
     Setting("SPECOPS_ONEDNN_LINEAR", bool, True,
             "run large linear products on oneDNN where measured bit-exact and faster than torch's BLAS "
-            "(inference/engine/models/linear_kernels.py; off: torch's own everywhere)"),
+            "(inference/engine/lm/linear_kernels.py; off: torch's own everywhere)"),
     Setting("SPECOPS_CANARY_SHARE", float, 0.01,
             "share of finished greedy generations the losslessness canary replays target-only and compares "
             "token for token (inference/worker/canary.py; 0 turns it off)"),

@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from inference import version_files
 from inference.build_records import BUILDING, STALLED, build_record, build_records
 from inference.conf import conf
-from inference.engine.models.loading import (
+from inference.engine.lm.loading import (
     ModelLoadError,
     check_pair_directories,
     check_servable,

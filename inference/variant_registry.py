@@ -1,8 +1,8 @@
 """Build an optimised variant of a registered version and register it beside its base.
 
 Shared by ``manage.py build_variants`` and the registry admin's actions. The torch side (how a
-variant is made, stored and loaded) is ``inference.engine.models.variants`` and the directory is
-written by ``inference.engine.models.variant_writer``; this module records the
+variant is made, stored and loaded) is ``inference.engine.lm.variants`` and the directory is
+written by ``inference.engine.lm.variant_writer``; this module records the
 result: a ModelVersion ``<version>+<kind>`` with ``base``, ``recipe`` and the figures measured at
 build (size, forward latency at 1 and 5 new tokens, top-1 agreement with the base on held-out
 prompts). The variant stays staged until someone promotes it.
@@ -17,9 +17,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference.conf import conf
-from inference.engine.models.loading import ModelLoadError, load_causal_lm
-from inference.engine.models.variant_writer import build_variant_dir
-from inference.engine.models.variants import VARIANT_KINDS, VariantError, measure_variant, model_size_bytes
+from inference.engine.lm.loading import ModelLoadError, load_causal_lm
+from inference.engine.lm.variant_writer import build_variant_dir
+from inference.engine.lm.variants import VARIANT_KINDS, VariantError, measure_variant, model_size_bytes
 from inference.heldout_prompts import load_heldout_prompts
 from metadata.models import ModelRole, ModelVersion
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import subprocess
 import sys
+from contextvars import ContextVar
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,12 @@ def reads_on_the_primary_unless_the_test_uses_every_database(request):
     if marker and marker.kwargs.get("databases") == "__all__":
         yield
         return
-    with lsn.primary_only():
-        yield
+    # Threads a test starts begin with a fresh context, so ``lsn.primary_only()`` set here would not
+    # reach them (a threaded request then read a token from the replica, which Django refuses in such
+    # a test); a switch whose default is "primary" reaches every thread of the test.
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setattr(lsn, "_force_primary", ContextVar("specops_force_primary_in_tests", default=True))
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -55,7 +55,7 @@ from inference.demo.training import (
     greedy_acceptance,
     train_language_model,
 )
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from inference.heldout_prompts import load_heldout_prompts, write_heldout_prompts
 
 __all__ = [

@@ -33,7 +33,7 @@ from inference.engine.drafters.dspark.training import (
     train_dspark,
     work_directory,
 )
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 
 DSPARK_SUFFIX = "-dspark"
 SEQUENCES_FILE = "sequences.pt"

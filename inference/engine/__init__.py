@@ -7,11 +7,11 @@
         ...
 
 A LoadedModel goes straight in (its tokenizer decodes stop strings); `eos_token_id=None` stops
-at the target's own EOS. `DRAFTERS` is the registry of drafter names and the settings each takes.
+at the target's own EOS. `DRAFTERS` is the list of drafter kinds and the settings each takes.
 
-Subpackages, each with its public API in its ``__init__``: ``models`` (loading, lean modeling,
+Subpackages, each with its public API in its ``__init__``: ``lm`` (the language models: loading, lean modeling,
 kernels, variants), ``kv`` (caches), ``decode`` (one sequence: decoder, verifier, sampling,
-stopping, draft trees), ``drafters`` (one module per drafter, and their registry), ``batch``
+stopping, draft trees), ``drafters`` (one module per drafter, and ``kinds``, their list), ``batch``
 (many sequences in one forward). Beside them: ``config`` (GenerationConfig, DraftConfig),
 ``outputs``, ``stats`` and ``errors``. No Django here: the engine runs and is tested without it.
 """
@@ -36,7 +36,7 @@ from inference.engine.errors import (
     PromptTooLongError,
     UnsupportedModelError,
 )
-from inference.engine.models.loading import (
+from inference.engine.lm.loading import (
     LoadedModel,
     ModelLoadError,
     check_pair_compatible,
@@ -45,7 +45,7 @@ from inference.engine.models.loading import (
     load_causal_lm,
     load_model_pair,
 )
-from inference.engine.models.modeling import draftable_ids
+from inference.engine.lm.modeling import draftable_ids
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.stats import GenerationStats
 from inference.engine.decode.target_only import generate_plain

@@ -45,8 +45,8 @@ class ModelResidency:
             if version.pk in self._loaded:
                 self._loaded.move_to_end(version.pk)
                 return self._loaded[version.pk]
-            from inference.engine.models.linear_kernels import LinearKernels, linear_kernels, set_linear_kernels
-            from inference.engine.models.loading import load_causal_lm
+            from inference.engine.lm.linear_kernels import LinearKernels, linear_kernels, set_linear_kernels
+            from inference.engine.lm.loading import load_causal_lm
 
             # a variant directory (int8, bf16, compiled) loads through the same call, from its recipe
             loaded = load_causal_lm(version.directory, device=version.device,

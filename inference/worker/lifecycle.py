@@ -198,6 +198,8 @@ def write_end(end: SessionEnd, failure: str = "") -> None:
         written = "" if failure else write_outcome(end)
         if written is None:
             status = SUPERSEDED  # a later run owns the session: this one writes and observes nothing
+            logger.warning("session %s: run %d is stale (a later run took it over); its end is not written",
+                           job.session.pk, job.fence)
         elif failure or written:
             status = SessionStatus.FAILED
             mark_failed(end, failure or written)

@@ -31,7 +31,7 @@ class FrontModels:
 
     def get(self, version) -> object:
         """A `RemoteModel` of ``version``: its spec for the core, its tokenizer for the front."""
-        from inference.engine.models.loading import load_tokenizer
+        from inference.engine.lm.loading import load_tokenizer
         from inference.engine_core.client import RemoteModel
         from inference.engine_core.protocol import ModelSpec
 

@@ -15,7 +15,7 @@ import time
 import torch
 
 from inference.engine.decode.draft_tree import DraftTree
-from inference.engine.models.modeling import align_vocab, draftable_ids
+from inference.engine.lm.modeling import align_vocab, draftable_ids
 from inference.engine.kv.ragged import RowInput
 
 

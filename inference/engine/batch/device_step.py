@@ -40,7 +40,7 @@ from inference.engine.decode.sampling import warp_probs
 from inference.engine.decode.verify import VerifyResult
 from inference.engine.drafters.base import DraftRequest
 from inference.engine.kv.ragged import RowInput
-from inference.engine.models.modeling import align_vocab
+from inference.engine.lm.modeling import align_vocab
 
 # drafters whose drafts are chains of a length known before drafting (their tokens are the host's
 # for n-gram and suffix, the device's for the draft model)

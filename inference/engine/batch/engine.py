@@ -75,9 +75,9 @@ from inference.engine.drafters.tree import TreeCalibrations, TreeDrafter
 from inference.engine.errors import ConfigError
 from inference.engine.kv.prefix_cache import PrefixCache
 from inference.engine.batch.runners import MAX_VERIFY_WIDTH, CompileSettings, ModelRunners
-from inference.engine.models.linear_kernels import prepare_kernels
-from inference.engine.models.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
-from inference.engine.models.modeling import context_length, logits_width
+from inference.engine.lm.linear_kernels import prepare_kernels
+from inference.engine.lm.loading import LoadedModel, check_pair_compatible, decode_of, unwrap_model
+from inference.engine.lm.modeling import context_length, logits_width
 from inference.engine.outputs import GenerationResult, StepOutput
 
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]

@@ -26,7 +26,7 @@ from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters.base import DraftRequest
 from inference.engine.drafters.dspark.batched import drafts_alone, propose_blocks
 from inference.engine.kv.ragged import RowInput
-from inference.engine.models.features import FeatureTap, tapped
+from inference.engine.lm.features import FeatureTap, tapped
 
 
 class RunnerTap:

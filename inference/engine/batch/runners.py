@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from inference.engine.errors import ConfigError
 from inference.engine.kv.ragged import RaggedCache
 from inference.engine.kv.static_ragged import StaticRaggedCache
-from inference.engine.models.modeling import context_length
+from inference.engine.lm.modeling import context_length
 from inference.engine.runner.buckets import ShapeBuckets
 from inference.engine.runner.builder import BUILD_NICENESS
 from inference.engine.runner.kv_pool import PoolShape, pool_rows_within

@@ -30,7 +30,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from inference.engine.config import GenerationConfig
 from inference.engine.constraints.matcher import GrammarMatcher
 from inference.engine.constraints.spec import GRAMMAR, ConstraintError, OutputConstraint
-from inference.engine.models.modeling import logits_width
+from inference.engine.lm.modeling import logits_width
 
 JSON_OPTIONS = {"whitespace_flexible": False}
 # compiled constraints kept per process; a worker serves a handful of schemas, rarely thousands

@@ -29,10 +29,10 @@ from inference.engine.decode.draft_tree import (
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.errors import ConfigError, PromptTooLongError
 from inference.engine.kv.rollback import keep_accepted, new_cache
-from inference.engine.models.features import FeatureTap, tapped
-from inference.engine.models.linear_kernels import prepare_kernels
-from inference.engine.models.loading import LoadedModel, decode_of, unwrap_model
-from inference.engine.models.modeling import context_length, forward_logits, input_vocab_size
+from inference.engine.lm.features import FeatureTap, tapped
+from inference.engine.lm.linear_kernels import prepare_kernels
+from inference.engine.lm.loading import LoadedModel, decode_of, unwrap_model
+from inference.engine.lm.modeling import context_length, forward_logits, input_vocab_size
 from inference.engine.outputs import Branch, GenerationResult, StepOutput
 from inference.engine.decode.sampling import SamplingParams, warp_probs
 from inference.engine.stats import GenerationStats

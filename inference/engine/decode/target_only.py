@@ -21,8 +21,8 @@ from inference.engine.decode.decoder import (
     sampling_params,
 )
 from inference.engine.kv.rollback import new_cache
-from inference.engine.models.loading import LoadedModel, decode_of, unwrap_model
-from inference.engine.models.modeling import forward_logits
+from inference.engine.lm.loading import LoadedModel, decode_of, unwrap_model
+from inference.engine.lm.modeling import forward_logits
 from inference.engine.outputs import GenerationResult
 from inference.engine.decode.sampling import sample_token, warp_probs
 from inference.engine.stats import GenerationStats

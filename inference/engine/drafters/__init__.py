@@ -1,10 +1,10 @@
-"""Drafters, one module each, behind the `Drafter` interface; the registry names and builds them.
+"""Drafters, one module each, behind the `Drafter` interface; ``kinds`` names and builds them.
 
 * ``base``: the `Drafter` interface (`propose` a `DraftTree` for a `DraftRequest`), `NoDrafter`;
 * ``draft_model``: chains from a small draft model; ``tree``: trees from it, shaped by
   ``tree_plan`` and ``calibration``; ``ngram``: prompt lookup (what followed the last n tokens
   earlier in the context); ``suffix``: what followed the context's suffix in earlier outputs;
-* ``registry``: `DRAFTERS`, the one list of drafter kinds (name, constructor, draft-model need,
+* ``kinds``: `DRAFTERS`, the one list of drafter kinds (name, constructor, draft-model need,
   settings), and `build_drafter`.
 """
 
@@ -17,7 +17,7 @@ from inference.engine.drafters.draft_model import (
     ModelBackedDrafter,
 )
 from inference.engine.drafters.ngram import NgramDrafter
-from inference.engine.drafters.registry import (
+from inference.engine.drafters.kinds import (
     AUTO,
     DRAFTER_KINDS,
     DRAFTER_PARAMETERS,

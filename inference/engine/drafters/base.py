@@ -34,7 +34,7 @@ class Drafter(ABC):
     diverges from what it drafted, it resynchronises its own state (e.g. a draft KV cache).
     """
 
-    #: the kind's name in the drafter registry (drafters/registry.py sets it; no second list)
+    #: the kind's name in the list of drafter kinds (drafters/kinds.py sets it; no second list)
     name: str = ""
 
     def __init__(self, config: DraftConfig) -> None:

@@ -21,7 +21,7 @@ from inference.engine.config import DraftConfig
 from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.kv.rollback import new_cache, truncate_cache
-from inference.engine.models.modeling import (
+from inference.engine.lm.modeling import (
     align_vocab,
     context_length,
     draftable_ids,

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from inference.engine.kv.rollback import new_cache
 from inference.engine.kv.windows import model_attention_layout
-from inference.engine.models.modeling import forward_batch_logits
+from inference.engine.lm.modeling import forward_batch_logits
 
 
 @dataclass

@@ -29,7 +29,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from inference.engine.kv.windows import SLIDING, model_attention_layout
-from inference.engine.models.features import EMBEDDING_LAYER
+from inference.engine.lm.features import EMBEDDING_LAYER
 
 # Families whose decoder layers this forward runs op for op (the same layout as modeling.py's
 # lean path, sliding windows included: the window is in the mask).

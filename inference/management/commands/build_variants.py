@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.models.variants import VARIANT_KINDS
+from inference.engine.lm.variants import VARIANT_KINDS
 from metadata.models import ModelRole, ModelVersion
 from inference.variant_registry import VariantBuildError, build_variant
 

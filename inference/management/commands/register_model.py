@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.engine.models.loading import unapplied_generation_settings
+from inference.engine.lm.loading import unapplied_generation_settings
 from metadata.models import LoadDtype, ModelRole
 from inference.registry import RegistrationError, register_pair, register_version
 

@@ -86,7 +86,7 @@ class Command(BaseCommand):
         import torch
 
         from inference.demo.dspark_phase import build_dspark
-        from inference.engine.models.loading import ModelLoadError
+        from inference.engine.lm.loading import ModelLoadError
 
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(threads or previous_threads)

@@ -56,7 +56,7 @@ def test_bench_prints_a_result_line_and_identical_greedy_outputs(bench, tiny_mod
 
 def test_bench_compares_dspark_with_the_chain_at_its_block_when_the_target_has_one(bench, tiny_model_dir,
                                                                                     tmp_path, capsys):
-    from inference.engine.models.loading import load_causal_lm
+    from inference.engine.lm.loading import load_causal_lm
     from tests.inference.engine.dspark_models import write_deepspec_checkpoint
 
     target = load_causal_lm(tiny_model_dir / "demo-target").model

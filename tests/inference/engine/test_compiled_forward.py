@@ -22,7 +22,7 @@ from inference.engine.decode.target_only import generate_plain
 from inference.engine.runner.artifacts import GraphSpec, artifact_name, dynamic_shapes, example_inputs
 from inference.engine.runner.static_forward import LOGITS_ALL, LOGITS_LAST, StaticForward
 
-from inference.engine.models.loading import LoadedModel
+from inference.engine.lm.loading import LoadedModel
 
 from .conftest import CONTEXT, VOCAB_SIZE, noisy_copy, target_model
 from .family_models import shared_tokenizer

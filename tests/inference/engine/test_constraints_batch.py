@@ -8,7 +8,7 @@ import pytest
 from inference.engine import GenerationConfig
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.decode.target_only import generate_plain
-from inference.engine.models.loading import LoadedModel
+from inference.engine.lm.loading import LoadedModel
 
 from .constraint_models import CONTEXT, json_tokenizer, models, prompt_ids
 from .test_constraints import SCHEMAS, _config, _valid

@@ -85,7 +85,7 @@ def test_constrained_sampling_follows_the_masked_target(kind, config):
 def test_constrained_sampling_in_the_batched_engine_follows_the_masked_target(drafter):
     """The same check with every generation a row of one batched engine (16 rows at a time)."""
     from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
-    from inference.engine.models.loading import LoadedModel
+    from inference.engine.lm.loading import LoadedModel
 
     from .constraint_models import CONTEXT
 

@@ -15,7 +15,7 @@ from inference.demo.build_config import DemoBuildConfig, DSparkBuildConfig
 from inference.demo.builder import DSPARK_PHASES, build_demo_models, build_dspark_phase, dspark_directory_for
 from inference.engine.drafters.dspark import load_dspark
 from inference.engine.drafters.dspark.training import work_directory
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 
 TOY_DSPARK = DSparkBuildConfig(budget_s=1.5, sequences=8, heldout_sequences=4, prompt_tokens=8, new_tokens=24,
                                corpus_chars=50_000, block_size=3, markov_rank=8)

@@ -30,7 +30,7 @@ from inference.demo.training import (
     simulate_chain,
     train_language_model,
 )
-from inference.engine.models.loading import load_causal_lm, load_model_pair
+from inference.engine.lm.loading import load_causal_lm, load_model_pair
 from inference.demo.tiny_models import (
     TINY_DRAFT,
     TINY_TARGET,

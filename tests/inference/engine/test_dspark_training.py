@@ -26,7 +26,7 @@ from inference.engine.drafters.dspark.training import (
     work_directory,
 )
 from inference.engine.drafters.dspark.training_forward import block_forward, sample_anchors, target_pass
-from inference.engine.models.modeling import logits_width
+from inference.engine.lm.modeling import logits_width
 
 from .conftest import VOCAB_SIZE, target_model
 

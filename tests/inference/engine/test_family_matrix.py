@@ -25,8 +25,8 @@ from inference.engine.kv.ragged import RaggedCache, RowInput
 from inference.engine.kv.rollback import new_cache
 from inference.engine.kv.slab import SlabLayer
 from inference.engine.kv.windows import attention_layout
-from inference.engine.models.loading import ModelLoadError, check_servable, load_model_pair
-from inference.engine.models.modeling import supports_lean_forward
+from inference.engine.lm.loading import ModelLoadError, check_servable, load_model_pair
+from inference.engine.lm.modeling import supports_lean_forward
 
 from .family_models import FAMILIES, WINDOW, save_family_pair, shared_tokenizer
 

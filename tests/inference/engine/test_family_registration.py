@@ -12,7 +12,7 @@ import torch
 from django.core.management import CommandError, call_command
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from metadata.models import ModelVersion
 
 from .family_models import save_family_pair, shared_tokenizer

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.engine.models import linear_kernels as kernels_module
-from inference.engine.models.linear_kernels import (
+from inference.engine.lm import linear_kernels as kernels_module
+from inference.engine.lm.linear_kernels import (
     CANDIDATE_ROWS,
     MAX_ROWS,
     LinearKernels,

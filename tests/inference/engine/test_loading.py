@@ -18,7 +18,7 @@ from inference.engine import (
     resolve_eos,
 )
 from inference.engine.errors import EngineError
-from inference.engine.models.loading import (
+from inference.engine.lm.loading import (
     LoadedModel,
     ModelLoadError,
     check_pair_directories,

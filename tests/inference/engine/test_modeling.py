@@ -16,7 +16,7 @@ from inference.engine.decode.draft_tree import (
     tree_position_ids,
 )
 from inference.engine.kv.rollback import new_cache
-from inference.engine.models.modeling import _lean_logits, supports_lean_forward
+from inference.engine.lm.modeling import _lean_logits, supports_lean_forward
 from inference.engine.kv.ragged import RaggedCache, RowInput
 from inference.engine.decode.target_only import generate_plain
 

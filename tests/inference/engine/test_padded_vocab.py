@@ -25,7 +25,7 @@ from inference.engine import (
     generate_plain,
 )
 from inference.engine.drafters import DraftModelRunner
-from inference.engine.models.modeling import SUBSTITUTE_TOKEN_ID, logits_width
+from inference.engine.lm.modeling import SUBSTITUTE_TOKEN_ID, logits_width
 
 from .conftest import ARCHS, CONTEXT, VOCAB_SIZE, _build, draft_model
 

@@ -15,7 +15,7 @@ from inference.demo.tokenizer_builder import (
     stdlib_tokenizer,
     train_tokenizer,
 )
-from inference.engine.models.loading import load_causal_lm, load_model_pair
+from inference.engine.lm.loading import load_causal_lm, load_model_pair
 from inference.demo.tiny_models import ARCHITECTURES, MARKER_FILE, build_tiny_pair
 
 ODD_TEXT = "def f(x):\n\treturn x  # naïve, 日本語, emoji 🐍\r\n    \n\x00end"

@@ -12,7 +12,7 @@ from inference.engine.decode.draft_tree import (
     tree_position_ids,
 )
 from inference.engine.kv.rollback import new_cache
-from inference.engine.models.modeling import forward_logits
+from inference.engine.lm.modeling import forward_logits
 
 from .conftest import ARCHS, target_model
 

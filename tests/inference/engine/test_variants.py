@@ -1,4 +1,4 @@
-"""Optimised variants (inference.engine.models.variants) keep speculative decoding exact.
+"""Optimised variants (inference.engine.lm.variants) keep speculative decoding exact.
 
 * an int8 *draft* never changes the output: greedy speculative == the target's own greedy, token
   for token (single sequence and batched), and sampling stays the target's distribution;
@@ -22,13 +22,13 @@ from torch import nn
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.kv.rollback import new_cache
-from inference.engine.models.loading import ModelLoadError, load_causal_lm
-from inference.engine.models.modeling import forward_logits
+from inference.engine.lm.loading import ModelLoadError, load_causal_lm
+from inference.engine.lm.modeling import forward_logits
 from inference.engine.decode.draft_tree import DraftTree, tree_attention_mask, tree_position_ids
 from inference.engine.decode.sampling import SamplingParams
 from inference.engine.decode.target_only import generate_plain
-from inference.engine.models.variant_writer import build_variant_dir
-from inference.engine.models.variants import (
+from inference.engine.lm.variant_writer import build_variant_dir
+from inference.engine.lm.variants import (
     VARIANT_FILE,
     Int8Linear,
     int8_weights_digest,
@@ -295,7 +295,7 @@ def test_a_compiled_variant_compiles_every_layer_at_load(tiny_dirs):
 
 
 def test_a_variant_of_a_variant_is_refused(tiny_dirs):
-    from inference.engine.models.variants import VariantError
+    from inference.engine.lm.variants import VariantError
 
     directory, _ = build_variant_dir(tiny_dirs[1], "int8", role="draft")
     with pytest.raises(VariantError, match="itself a variant"):

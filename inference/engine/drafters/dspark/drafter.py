@@ -25,7 +25,7 @@ from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.decode.sampling import warp_probs
 from inference.engine.drafters.base import Drafter, DraftRequest
 from inference.engine.drafters.dspark.modeling import ContextCache, DSparkModel
-from inference.engine.models.modeling import align_vocab
+from inference.engine.lm.modeling import align_vocab
 
 
 def survival_estimates(confidence_logits: torch.Tensor | None, temperatures: list[float] | None,

@@ -44,7 +44,7 @@ from inference.engine.drafters.dspark.training_forward import (
     sample_anchors,
     target_pass,
 )
-from inference.engine.models.features import decoder_layers
+from inference.engine.lm.features import decoder_layers
 
 REPORT_FILE = "training_report.json"
 STATE_FILE = "state.pt"

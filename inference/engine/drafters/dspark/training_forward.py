@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from inference.engine.drafters.dspark.modeling import ContextCache, DSparkModel
-from inference.engine.models.features import tapped
+from inference.engine.lm.features import tapped
 
 #: The paper's loss weights: cross-entropy, total variation, confidence BCE.
 LOSS_WEIGHTS = (0.1, 0.9, 1.0)

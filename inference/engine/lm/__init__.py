@@ -1,4 +1,4 @@
-"""The models: loading a target/draft pair from local directories, the one place that calls a
+"""The language models (``lm``): loading a target/draft pair from local directories, the one place that calls a
 transformers forward (lean modeling), the int8/oneDNN linear kernels, and optimised variants.
 
 * ``loading``: `load_causal_lm` / `load_model_pair` (a plain or a variant directory, no network),
@@ -9,8 +9,8 @@ transformers forward (lean modeling), the int8/oneDNN linear kernels, and optimi
   ``variant_writer`` writes a variant directory beside its base.
 """
 
-from inference.engine.models.linear_kernels import LinearKernels, prepare_kernels, set_linear_kernels
-from inference.engine.models.loading import (
+from inference.engine.lm.linear_kernels import LinearKernels, prepare_kernels, set_linear_kernels
+from inference.engine.lm.loading import (
     LoadedModel,
     ModelLoadError,
     check_pair_compatible,
@@ -23,7 +23,7 @@ from inference.engine.models.loading import (
     model_context_length,
     unwrap_model,
 )
-from inference.engine.models.modeling import (
+from inference.engine.lm.modeling import (
     SUBSTITUTE_TOKEN_ID,
     align_vocab,
     context_length,
@@ -33,7 +33,7 @@ from inference.engine.models.modeling import (
     input_vocab_size,
     logits_width,
 )
-from inference.engine.models.variant_writer import build_variant_dir, variant_dir_for
+from inference.engine.lm.variant_writer import build_variant_dir, variant_dir_for
 
 __all__ = [
     "SUBSTITUTE_TOKEN_ID",

@@ -11,7 +11,7 @@ benches, the tests). The parts:
 * ``transforms``: a loaded base made into the variant a recipe describes (`apply_variant`);
 * ``measurement``: the figures a build records (size, forward latency, top-1 agreement).
 
-Writing a variant directory is ``inference.engine.models.variant_writer`` (it loads the base
+Writing a variant directory is ``inference.engine.lm.variant_writer`` (it loads the base
 through ``load_causal_lm``, which imports this package). Storage, by kind:
 
 * ``bf16``: the weights themselves, saved by ``save_pretrained`` in bfloat16 (half the size).
@@ -26,14 +26,14 @@ through ``load_causal_lm``, which imports this package). Storage, by kind:
   forward of each shape), which is the only place a compiled graph can live.
 """
 
-from inference.engine.models.variants.int8_linear import Int8Linear, int8_weights_digest, quantize_int8
-from inference.engine.models.variants.measurement import (
+from inference.engine.lm.variants.int8_linear import Int8Linear, int8_weights_digest, quantize_int8
+from inference.engine.lm.variants.measurement import (
     forward_ms,
     measure_variant,
     model_size_bytes,
     top1_agreement,
 )
-from inference.engine.models.variants.recipes import (
+from inference.engine.lm.variants.recipes import (
     RECIPE_VERSION,
     VARIANT_FILE,
     VARIANT_KINDS,
@@ -45,7 +45,7 @@ from inference.engine.models.variants.recipes import (
     read_recipe,
     weight_files,
 )
-from inference.engine.models.variants.transforms import apply_variant, compile_forward, to_bf16
+from inference.engine.lm.variants.transforms import apply_variant, compile_forward, to_bf16
 
 __all__ = [
     "RECIPE_VERSION",

@@ -25,8 +25,8 @@ from transformers import DynamicCache, PreTrainedModel
 from inference.engine.errors import UnsupportedModelError
 from inference.engine.kv.row_attention import KeySpan, attention_by_row, is_row_exact, visible_keys
 from inference.engine.kv.windows import model_attention_layout, windowed_masks
-from inference.engine.models.features import EMBEDDING_LAYER, active_tap
-from inference.engine.models.linear_kernels import linear_kernels
+from inference.engine.lm.features import EMBEDDING_LAYER, active_tap
+from inference.engine.lm.linear_kernels import linear_kernels
 
 # Config attributes that hold the longest sequence a model was built for, most specific first.
 _CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length",

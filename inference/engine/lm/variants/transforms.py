@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inference.engine.models.variants.int8_linear import int8_weights_digest, quantize_int8
-from inference.engine.models.variants.recipes import VariantError, VariantRecipe
+from inference.engine.lm.variants.int8_linear import int8_weights_digest, quantize_int8
+from inference.engine.lm.variants.recipes import VariantError, VariantRecipe
 
 
 def to_bf16(model: nn.Module) -> nn.Module:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from inference.engine.kv.row_attention import mark_row_exact
-from inference.engine.models.variants.recipes import VariantError
+from inference.engine.lm.variants.recipes import VariantError
 
 
 def _dynamic_qconfig(per_channel: bool):

@@ -27,8 +27,8 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from inference.engine.errors import EngineError, UnsupportedModelError
 from inference.engine.kv.windows import attention_layout
-from inference.engine.models.variants.recipes import VariantError, check_source, read_recipe
-from inference.engine.models.variants.transforms import apply_variant
+from inference.engine.lm.variants.recipes import VariantError, check_source, read_recipe
+from inference.engine.lm.variants.transforms import apply_variant
 
 # Config attributes that hold the longest sequence a model was built for, most specific first.
 _CONTEXT_LENGTH_ATTRIBUTES = (
@@ -180,7 +180,7 @@ def load_causal_lm(
     """Load a causal LM and its tokenizer from a local directory, in eval mode, without a network.
 
     `path` is a directory written by `save_pretrained` (or a hub id already in the local cache),
-    or a variant directory (`inference.engine.models.variants`: int8, bf16, compiled), rebuilt from its
+    or a variant directory (`inference.engine.lm.variants`: int8, bf16, compiled), rebuilt from its
     recipe. `dtype=None` means float32 on CPU and the checkpoint's own dtype on accelerators.
     Raises `ModelLoadError` naming the path when it is missing or not a model.
     """

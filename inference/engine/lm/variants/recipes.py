@@ -3,7 +3,7 @@
 A variant lives in a directory beside its base (``demo-draft`` -> ``demo-draft.int8``) that holds
 the base's config and tokenizer files plus ``specops_variant.json``, the recipe: how the variant
 is made from the base, the base's weights digest, and for int8 the digest of the quantised
-weights (written by ``inference.engine.models.variant_writer``). Reading a recipe and checking
+weights (written by ``inference.engine.lm.variant_writer``). Reading a recipe and checking
 its base is all the loader needs before it applies the recipe (``transforms``).
 """
 

@@ -29,8 +29,8 @@ from inference.engine.drafters.ngram import NgramDrafter
 from inference.engine.drafters.suffix import SuffixDrafter
 from inference.engine.drafters.tree import TreeDrafter
 from inference.engine.errors import ConfigError
-from inference.engine.models.loading import LoadedModel, check_pair_compatible, unwrap_model
-from inference.engine.models.modeling import logits_width
+from inference.engine.lm.loading import LoadedModel, check_pair_compatible, unwrap_model
+from inference.engine.lm.modeling import logits_width
 
 AUTO = "auto"
 
@@ -67,7 +67,7 @@ NGRAM_SIZE = DrafterParameter("ngram_size", "ngram_size", 1, 8, "longest n-gram 
 
 @dataclass(frozen=True)
 class DrafterKind:
-    """One entry of the registry.
+    """One drafter kind of the list.
 
     drafter_class: the constructor, called as `cls(draft, target_logits_width, config)` when
     the kind needs a draft model (a ModelBackedDrafter) and `cls(config)` otherwise (None for
@@ -177,7 +177,7 @@ for _kind in _KINDS:  # Drafter.name comes from here
 
 
 def drafter_kind(name: str) -> DrafterKind:
-    """The registry entry of `name`; ConfigError naming the choices when there is none."""
+    """The kind `name`; ConfigError naming the choices when there is none."""
     try:
         return DRAFTERS[name]
     except (KeyError, TypeError):

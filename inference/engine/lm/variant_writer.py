@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from inference.engine.models.loading import load_causal_lm
-from inference.engine.models.variants.int8_linear import int8_weights_digest
-from inference.engine.models.variants.recipes import (
+from inference.engine.lm.loading import load_causal_lm
+from inference.engine.lm.variants.int8_linear import int8_weights_digest
+from inference.engine.lm.variants.recipes import (
     VARIANT_FILE,
     VARIANT_KINDS,
     VariantError,
@@ -27,7 +27,7 @@ from inference.engine.models.variants.recipes import (
     read_recipe,
     weight_files,
 )
-from inference.engine.models.variants.transforms import apply_variant, to_bf16
+from inference.engine.lm.variants.transforms import apply_variant, to_bf16
 
 
 def variant_dir_for(base_dir: Path, kind: str) -> Path:
