@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from metadata.models import Candidate, Session, TokenRecord
 from specops.celery import app
 from tests.helpers import wait_for

@@ -23,7 +23,7 @@ from inference.demo.builder import DemoBuildConfig, build_demo_models
 from inference.demo.jobs import QUICK_SUBDIR, DemoJob, run_job
 from inference.build_records import BUILDING, DONE, INTERRUPTED, KEY, build_record
 from inference.demo.progress import BuildProgress
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from metadata.models import ModelRole, ModelVersion, VersionStatus
 from metadata.api.tenancy import tenant_of
 from inference.registry import (
@@ -154,7 +154,7 @@ def test_the_full_build_records_progress_resumes_and_replaces_the_quick_pair(
     # A DSpark checkpoint beside the target (the full build's last phase writes one there) is
     # registered as the target's drafter when the job registers the pair.
     from inference.demo.dspark_phase import dspark_directory_for
-    from inference.engine.models.loading import load_causal_lm
+    from inference.engine.lm.loading import load_causal_lm
     from tests.inference.engine.dspark_models import write_deepspec_checkpoint
 
     assert not result.target.dspark_path

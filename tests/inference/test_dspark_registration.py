@@ -27,7 +27,7 @@ def llama_pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def checkpoints(llama_pair, tmp_path_factory):
     """One DSpark checkpoint trained (here: written) for the tiny Llama target, one for a stranger."""
-    from inference.engine.models.loading import load_causal_lm
+    from inference.engine.lm.loading import load_causal_lm
     from tests.inference.engine.dspark_models import qwen3_target
 
     root = tmp_path_factory.mktemp("dspark")

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from inference.engine.drafters.dspark import load_dspark
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 
 
 @pytest.fixture(scope="module")

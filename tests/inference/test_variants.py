@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from sessions.submission import prediction_cache
 from inference.engine import GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.decode.target_only import generate_plain
-from inference.engine.models.variants import Int8Linear
+from inference.engine.lm.variants import Int8Linear
 from metadata.models import ModelVersion, VariantKind, VersionStatus
 from inference.variant_registry import VariantBuildError, build_variant
 from inference.worker.residency import ModelResidency

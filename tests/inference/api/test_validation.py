@@ -20,7 +20,7 @@ from rest_framework.authtoken.models import Token
 from inference.engine import DRAFTERS as ENGINE_DRAFTERS
 from inference.engine import DraftConfig, GenerationConfig
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from inference.engine.decode.sampling import SamplingParams, warp_probs
 from metadata.models import Session, TokenRecord
 from tests.helpers import empty_queue, queued_messages

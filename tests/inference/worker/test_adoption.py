@@ -182,7 +182,7 @@ def test_prepare_resumes_from_the_adopted_steps_and_ends_at_once_when_they_end_t
 
 def test_a_session_the_reconciler_fails_stores_what_its_last_run_streamed(
         tenant, tiny_model, streams, settings, django_capture_on_commit_callbacks):
-    from inference.engine.models.loading import load_tokenizer
+    from inference.engine.lm.loading import load_tokenizer
     from sessions.runs.reconciler import reconcile_sessions
 
     settings.SPECOPS_MAX_ATTEMPTS = 1  # its worker lost once is one time too many

@@ -17,7 +17,7 @@ from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, 
 from inference.engine.decode import decoder as decoder_module
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.decode.verify import VerifyResult
-from inference.engine.models.loading import load_model_pair
+from inference.engine.lm.loading import load_model_pair
 from inference.models import CanaryMismatch
 from inference.worker import canary
 from metadata.models import Session, SessionStatus, TokenKind, TokenRecord

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 
 from inference.demo.tiny_models import build_tiny_pair
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from metadata.models import TokenRecord
 from specops.celery import app
 from tests.helpers import generate_and_wait

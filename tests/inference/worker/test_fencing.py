@@ -382,7 +382,7 @@ def test_a_run_stalled_inside_its_write_holds_the_session_no_longer_than_a_lease
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_paused_past_its_lease_and_resumed_ends_each_session_once(api_client, tiny_model, tmp_path,
                                                                            settings):
-    from inference.engine.models.loading import load_causal_lm
+    from inference.engine.lm.loading import load_causal_lm
     from metadata.history import pg_text
     from specops.celery import app
     from tests.inference.worker.test_crash_safety import (

@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder
 from inference.engine.drafters.suffix import SuffixCorpora, SuffixDrafter
-from inference.engine.models.loading import load_causal_lm
+from inference.engine.lm.loading import load_causal_lm
 from inference.worker import suffix_feed
 from metadata.models import Session, SessionStatus, Tenant, TenantMembership, TokenKind, TokenRecord
 from specops.celery import app
