@@ -29,7 +29,7 @@ _last_publish = 0.0
 def _state(stats) -> str:
     if stats.fallback:
         return "eager"
-    if "all" in stats.compiled_kinds:
+    if stats.compiled:
         return "compiled"
     return "compiling" if stats.building else "eager until built"
 

@@ -421,5 +421,5 @@ def observe_runners(pair, runners: dict[str, object]) -> None:
         seconds = delta(stats.compile_seconds, last.compile_seconds if last else 0.0)
         if seconds > 0:
             COMPILE_SECONDS.labels(role).inc(seconds)
-        ENGINE_COMPILED.labels(role).set(1 if "all" in stats.compiled_kinds else 0)
+        ENGINE_COMPILED.labels(role).set(1 if stats.compiled else 0)
         _runners_seen[(pair, role)] = stats

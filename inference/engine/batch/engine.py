@@ -151,7 +151,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         # eagerly on growing caches (kv/ragged.py)
         self.runners = ModelRunners.build(compile or CompileSettings(), target, draft, model_dirs,
                                           max_rows=max_rows, max_tokens=max(self.solo_prefill_chunk, MAX_VERIFY_WIDTH),
-                                          taps=dspark.dspark.target_layer_ids if dspark is not None else ())
+                                          taps=dspark.dspark.target_layer_ids if dspark is not None else (),
+                                          dspark=dspark)
         self.target_cache = self.runners.new_cache(target, pack_linear)
         self.draft_cache = self.runners.new_cache(draft, pack_linear) if draft is not None else None
         if self.runners.target is not None:  # the rows the pool holds (its memory budget)

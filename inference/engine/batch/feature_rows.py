@@ -88,7 +88,7 @@ class FeatureRows:
             started = time.perf_counter()
             with torch.inference_mode():
                 blocks = propose_blocks([row.drafter for row, _ in together], [row.context for row, _ in together],
-                                        [request for _, request in together])
+                                        [request for _, request in together], self.runners.dspark)
             seconds = time.perf_counter() - started
             for (row, request), tree in zip(together, blocks):
                 trees[id(row)] = tree

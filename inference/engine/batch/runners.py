@@ -16,10 +16,12 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from inference.engine.drafters.dspark.compiled import BlockRunner
+from inference.engine.drafters.dspark.modeling import DSparkModel
 from inference.engine.errors import ConfigError
 from inference.engine.kv.ragged import RaggedCache
 from inference.engine.kv.static_ragged import StaticRaggedCache
-from inference.engine.lm.modeling import context_length
+from inference.engine.lm.modeling import context_length, logits_width
 from inference.engine.runner.buckets import ShapeBuckets
 from inference.engine.runner.builder import BUILD_NICENESS
 from inference.engine.runner.kv_pool import PoolShape, pool_rows_within
@@ -51,18 +53,20 @@ class CompileSettings:
 
 
 class ModelRunners:
-    """The target's and the draft's runners (None: that model runs on kv/ragged.py)."""
+    """The target's and the draft's runners (None: that model runs on kv/ragged.py), and the
+    DSpark checkpoint's compiled block (None: no checkpoint, or nothing compiled)."""
 
     def __init__(self, target: ModelRunner | None, draft: ModelRunner | None,
-                 refusals: dict[str, str]) -> None:
+                 refusals: dict[str, str], dspark: BlockRunner | None = None) -> None:
         self.target = target
         self.draft = draft
+        self.dspark = dspark
         self.refusals = refusals  # "target"/"draft" -> why it runs eagerly
 
     @classmethod
     def build(cls, settings: CompileSettings, target: PreTrainedModel, draft: PreTrainedModel | None,
               model_dirs: tuple[Path | None, Path | None], max_rows: int, max_tokens: int,
-              taps: tuple[int, ...] = ()) -> ModelRunners:
+              taps: tuple[int, ...] = (), dspark: DSparkModel | None = None) -> ModelRunners:
         if settings.mode == COMPILE_OFF:
             return cls(None, None, {})
         runners: dict[str, ModelRunner | None] = {"target": None, "draft": None}
@@ -84,7 +88,12 @@ class ModelRunners:
                                  model_dir if settings.background else None, settings.build_niceness)
             runner.start()
             runners[role] = runner
-        return cls(runners["target"], runners["draft"], refusals)
+        block = None
+        if dspark is not None and settings.store is not None:
+            block = BlockRunner(dspark, logits_width(target), context_length(target), settings.store,
+                                settings.background, settings.build_niceness)
+            block.start()
+        return cls(runners["target"], runners["draft"], refusals, block)
 
     def runner_of(self, model: PreTrainedModel) -> ModelRunner | None:
         for runner in (self.target, self.draft):
@@ -109,11 +118,12 @@ class ModelRunners:
 
     def snapshot(self) -> dict[str, RunnerStats]:
         """Each runner's stats (copies), by role: what a step report carries to the worker's metrics."""
-        return {role: runner.stats.copy() for role, runner in (("target", self.target), ("draft", self.draft))
+        return {role: runner.stats.copy() for role, runner in (("target", self.target), ("draft", self.draft),
+                                                                ("dspark", self.dspark))
                 if runner is not None}
 
-    def all(self) -> list[ModelRunner]:
-        return [runner for runner in (self.target, self.draft) if runner is not None]
+    def all(self) -> list[ModelRunner | BlockRunner]:
+        return [runner for runner in (self.target, self.draft, self.dspark) if runner is not None]
 
     def close(self) -> None:
         for runner in self.all():

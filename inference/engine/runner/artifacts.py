@@ -22,6 +22,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,12 +49,17 @@ class GraphSpec:
     max_tokens: int
 
 
+def sources_digest(paths: Iterable[Path]) -> str:
+    """A digest of source files: a package built from other code has another key."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _source_digest() -> str:
     here = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for name in _SOURCES:
-        digest.update((here / name).read_bytes())
-    return digest.hexdigest()[:16]
+    return sources_digest(here / name for name in _SOURCES)
 
 
 def architecture_digest(model: PreTrainedModel) -> str:
@@ -118,14 +124,19 @@ def build_package(model: PreTrainedModel, spec: GraphSpec, path: Path) -> float:
     Raises what export or the compiler raise: a graph break or an op it cannot lower is the
     caller's cue to serve eagerly.
     """
-    started = time.perf_counter()
     forward = StaticForward(model, spec.kind, spec.taps).eval()
-    inputs = example_inputs(model, spec)
+    return export_and_package(forward, example_inputs(model, spec), dynamic_shapes(spec, forward.windowed), path)
+
+
+def export_and_package(module: torch.nn.Module, inputs: tuple, shapes: tuple, path: Path) -> float:
+    """`torch.export` `module` on `inputs` with symbolic `shapes`, compile it with AOTInductor into
+    `path` (written under a temporary name and renamed); the seconds it took. The module's weights
+    stay out of the package (the loader hands them over: `CompiledForward`)."""
+    started = time.perf_counter()
     with torch.inference_mode():
         # strict=False: trace the Python as it runs (transformers' modules read config attributes);
         # a graph break is still an error, export has no fallback
-        exported = torch.export.export(forward, inputs, dynamic_shapes=dynamic_shapes(spec, forward.windowed),
-                                       strict=False)
+        exported = torch.export.export(module, inputs, dynamic_shapes=shapes, strict=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".pt2", dir=path.parent)
     os.close(handle)
@@ -143,7 +154,7 @@ def build_package(model: PreTrainedModel, spec: GraphSpec, path: Path) -> float:
 class CompiledForward:
     """A loaded package, called with a flat list of tensors, returning a flat list."""
 
-    def __init__(self, path: Path, model: PreTrainedModel) -> None:
+    def __init__(self, path: Path, model: torch.nn.Module) -> None:
         self.path = path
         runner = torch._inductor.aoti_load_package(str(path))
         # the model's own tensors by their names under the traced module (`model.` prefixed): tied

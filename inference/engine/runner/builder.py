@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,6 +30,8 @@ from inference.engine.runner.artifacts import GraphSpec, build_package
 
 #: niceness of a build process: serving keeps the CPU it needs
 BUILD_NICENESS = 10
+#: the module a builder process runs (a model's forward)
+PROGRAM = "inference.engine.runner.builder"
 
 
 def _as_builder(niceness: int) -> Callable[[], None]:
@@ -45,26 +48,31 @@ def _as_builder(niceness: int) -> Callable[[], None]:
 _in_flight: dict[Path, BackgroundBuild] = {}  # this process's builds by package: runners share one
 
 
-def background_build(model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path,
-                     niceness: int = BUILD_NICENESS) -> BackgroundBuild:
+def background_build(model_dir: Path, dtype: torch.dtype, spec: Any, out: Path, log_dir: Path,
+                     niceness: int = BUILD_NICENESS, program: str = PROGRAM) -> BackgroundBuild:
     """The build of package `out`: the one already running in this process (two runners of one
     architecture, a target and its draft, want the same package), else a new one."""
     build = _in_flight.get(out)
     if build is None or build.done():
-        build = _in_flight[out] = BackgroundBuild(model_dir, dtype, spec, out, log_dir, niceness)
+        build = _in_flight[out] = BackgroundBuild(model_dir, dtype, spec, out, log_dir, niceness, program)
     return build
 
 
 class BackgroundBuild:
-    """One builder process; `done()` says whether it has finished (and whether it succeeded)."""
+    """One builder process; `done()` says whether it has finished (and whether it succeeded).
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, spec: GraphSpec, out: Path, log_dir: Path,
-                 niceness: int = BUILD_NICENESS) -> None:
+    `program` is the module run with ``python -m``: this one builds a model's forward; another
+    kind of package has its own (drafters/dspark/compiled.py), taking the same arguments — the
+    model's directory, its dtype, the spec (a dataclass, as JSON) and the package's path.
+    """
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype, spec: Any, out: Path, log_dir: Path,
+                 niceness: int = BUILD_NICENESS, program: str | None = None) -> None:
         self.out = out
         self.started = time.monotonic()
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / (out.name + ".log")
-        command = [sys.executable, "-m", "inference.engine.runner.builder", "--model", str(model_dir),
+        command = [sys.executable, "-m", program or PROGRAM, "--model", str(model_dir),
                    "--dtype", str(dtype).removeprefix("torch."), "--spec", json.dumps(asdict(spec)), "--out", str(out)]
         with open(self.log_path, "wb") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -92,23 +100,19 @@ class BackgroundBuild:
             self._process.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m inference.engine.runner.builder",
-                                     description="Build one compiled forward (an AOTInductor package).")
+def run_build(argv: list[str] | None, program: str, description: str,
+              build: Callable[[Path, torch.dtype, dict[str, Any], Path], float]) -> int:
+    """A builder process's main: parse the arguments `BackgroundBuild` passes, run `build(model_dir,
+    dtype, spec fields, out)`, and say in one line what came of it (exit status 0 or 1)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {program}", description=description)
     parser.add_argument("--model", required=True, type=Path)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--spec", required=True, help="a GraphSpec as JSON")
+    parser.add_argument("--spec", required=True, help="the package's spec as JSON")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
-    from transformers import AutoModelForCausalLM
-
     try:
-        fields = json.loads(args.spec)
-        spec = GraphSpec(**{**fields, "taps": tuple(fields.get("taps", ()))})
         torch.set_num_threads(1)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype),
-                                                     attn_implementation="sdpa").eval()
-        seconds = build_package(model, spec, args.out)
+        seconds = build(args.model, getattr(torch, args.dtype), json.loads(args.spec), args.out)
     except Exception as error:  # one line for the runner's log; the traceback above it in the build's log
         import traceback
 
@@ -117,6 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"built {args.out.name} in {seconds:.1f} s")
     return 0
+
+
+def _build_forward(model_dir: Path, dtype: torch.dtype, fields: dict[str, Any], out: Path) -> float:
+    from transformers import AutoModelForCausalLM
+
+    spec = GraphSpec(**{**fields, "taps": tuple(fields.get("taps", ()))})
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").eval()
+    return build_package(model, spec, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_build(argv, PROGRAM, "Build one compiled forward (an AOTInductor package).", _build_forward)
 
 
 if __name__ == "__main__":

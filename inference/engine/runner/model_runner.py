@@ -78,10 +78,15 @@ class RunnerStats:
     fallback: str = ""  # why this model serves eagerly for good ("" while it may compile)
     compiled_kinds: tuple[str, ...] = ()  # the forwards whose packages are loaded
     building: tuple[str, ...] = ()  # the forwards whose packages builder processes are making
+    main_kind: str = LOGITS_ALL  # the package whose load makes the runner "compiled" (decode and verify)
+
+    @property
+    def compiled(self) -> bool:
+        return self.main_kind in self.compiled_kinds
 
     def copy(self) -> RunnerStats:
         return RunnerStats(dict(self.forwards), self.compile_seconds, self.cache_hits, self.cache_misses,
-                           self.fallback, self.compiled_kinds, self.building)
+                           self.fallback, self.compiled_kinds, self.building, self.main_kind)
 
 
 class ModelRunner:

@@ -113,6 +113,7 @@ def load_dspark(directory: str | Path, target: PreTrainedModel | None = None) ->
     except RuntimeError as exc:
         raise DSparkLoadError(f"{directory}: {str(exc).splitlines()[0]}") from None
     model.calibration = read_calibration(directory, config.block_size)
+    model.directory = directory
     if target is not None:
         model.to(device=target.device, dtype=target.dtype)
     return model.eval()

@@ -124,11 +124,17 @@ def draft_block(model: DSparkModel, hidden: torch.Tensor, anchor: int, depth: in
         previous = torch.tensor([token], device=hidden.device)
     confidence = model.confidence_logits(hidden[:depth], torch.tensor(previous_ids, device=hidden.device))
     survival = survival_estimates(confidence, model.calibration, depth)
+    return block_tree(tokens, log_probs, rows, survival, threshold)
+
+
+def block_tree(tokens: list[int], log_probs: list[float], rows: list[torch.Tensor],
+               survival: list[float] | None, threshold: float) -> DraftTree:
+    """A drafted block as a chain, cut at the confidence threshold (0: never)."""
     if threshold and survival is not None:
         # DeepSpec's confident prefix: cut at the first position whose own c_k is under the
         # threshold (c_k reads x_{k-1}, not x_k, so the cut never looks at the token it drops)
         conditional = [survival[0]] + [b / a if a > 0 else 0.0 for a, b in zip(survival, survival[1:])]
-        keep = next((k for k, c in enumerate(conditional) if c < threshold), depth)
+        keep = next((k for k, c in enumerate(conditional) if c < threshold), len(tokens))
         tokens, log_probs, rows, survival = tokens[:keep], log_probs[:keep], rows[:keep], survival[:keep]
     tree = DraftTree.chain(tokens, log_probs, torch.stack(rows) if rows else None)
     tree.survival = survival

@@ -25,6 +25,7 @@ The context keys and values are computed once per context position and kept per 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -147,6 +148,8 @@ class DSparkModel(nn.Module):
                             if config.markov_rank else None)
         # per-position temperatures of the confidence head (checkpoint.py, training.py), or None
         self.calibration: list[float] | None = None
+        # the checkpoint's directory (checkpoint.py), which a process compiling its block loads
+        self.directory: Path | None = None
         self.confidence_head = None
         if config.enable_confidence_head:
             width = backbone.hidden_size + (config.markov_rank if config.confidence_head_with_markov else 0)
