@@ -7,8 +7,9 @@
 * ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards;
 * ``verification``: every row verified in one target forward;
 * ``prefill``: the prefill lane (a newcomer's prompt in forwards of its own) and the modes;
-* ``fair_admission``: which waiting row is admitted next across fair groups (tenants), and
-  which row a full batch preempts for a group under its share;
+* ``fair_admission``: the engine's scheduler of rows (`RowScheduler`, a component it holds):
+  the waiting rows, which is admitted next across fair groups (tenants), and which row a full
+  batch preempts for a group under its share;
 * ``policy``: how deep to speculate each step, from measured costs and acceptance;
 * ``scheduling``: confidence-scheduled verification in the step (plan the drafts, cut each
   row's to its own length, learn), from ``confidence_schedule`` (the prefix scheduler) and

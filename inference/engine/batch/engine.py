@@ -3,9 +3,10 @@
 `BatchedSpeculativeEngine` holds up to `max_rows` generations. Each `step()`:
 1. admits waiting requests (they join at this step boundary; fairly across their `fair_group`s,
    preempting an over-share group's youngest row for a group under its share when the batch is
-   full: fair_admission.py, `_preempt`) and ends rows past their deadline or cancelled; in the
-   separate prefill mode (a CPU's default, prefill.py) feeds the
-   newcomers' prompts in a forward of their own and moves those done into the batch;
+   full: the scheduler, fair_admission.py, plans it; `_preempt` and `_place` carry it out) and
+   ends rows past their deadline or cancelled; in the separate prefill mode (a CPU's default,
+   prefill.py) feeds the newcomers' prompts in a forward of their own and moves those done
+   into the batch;
 2. plans how deep to draft: with confidence scheduling (the policy's default, scheduling.py)
    each row as deep as a position can pay for itself; otherwise one depth for every row from
    the speculation policy (0 when speculation would cost throughput). The cost models start
@@ -38,7 +39,7 @@ depth, so its tokens do not depend on its companions; greedy rows follow the pol
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import replace
 
 import torch
@@ -46,7 +47,7 @@ from transformers import PreTrainedModel
 
 from inference.engine.batch.chain_drafting import ChainDrafting
 from inference.engine.batch.device_step import DeviceStep
-from inference.engine.batch.fair_admission import FairRows, group_of
+from inference.engine.batch.fair_admission import RowScheduler
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
@@ -84,7 +85,7 @@ __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
 class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, PrefillLane, ConfidenceScheduling,
-                               FeatureRows, PrefixReuse, FairRows):
+                               FeatureRows, PrefixReuse):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -98,8 +99,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
     adopt and rows fill (batch/prefix_reuse.py); None or a 0-byte store: every prompt prefills.
     prefix_namespace: this engine's part of that store (the model pair; default: this engine).
     preemption: a full batch gives up an over-share group's youngest row to a group under its
-    share (fair_admission.py); off: rows keep their place until they end, and admission alone
-    is fair.
+    share (the scheduler, fair_admission.py); off: rows keep their place until they end, and
+    admission alone is fair.
     """
 
     def __init__(
@@ -166,7 +167,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
         self._init_prefix_reuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
-        self._init_fair_rows(preemption)  # self.waiting, in arrival order (fair_admission.py)
+        self.scheduler = RowScheduler(preemption)  # the waiting rows, who gets a row (fair_admission.py)
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
@@ -232,8 +233,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
                     row.prefilled = row.prompt_length  # its one token is the pending one
         else:
             row.schedule = DraftLengthSchedule(request.draft_config, request.draft_config.length)
-        self.fairness.note_request(row)
-        self.waiting.append(row)
+        self.scheduler.submit(row)
 
     def _auto_drafter(self, request: BatchRequest) -> str:
         available = self.drafter_kinds()
@@ -249,16 +249,31 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self._cancelled.add(request_id)
 
     @property
+    def waiting(self) -> Sequence[BatchRow]:
+        """The rows waiting for a row of the batch, in the order they are admitted within a group."""
+        return self.scheduler.waiting
+
+    @property
+    def preemptions(self) -> int:
+        """Rows preempted since the engine was built."""
+        return self.scheduler.preemptions
+
+    @property
     def active(self) -> int:
         return len(self.rows) + len(self.lane_rows) + len(self.waiting)
 
     def has_work(self) -> bool:
         return bool(self.rows or self.lane_rows or self.waiting)
 
+    def _admit(self) -> None:
+        """Carry out the scheduler's admissions for this step boundary (fair_admission.py)."""
+        for admission in self.scheduler.plan(self.rows + self.lane_rows, self.max_rows):
+            if admission.preempts is not None:
+                self._preempt(admission.preempts)
+            self._place(admission.row)
+
     def _place(self, row: BatchRow) -> None:
-        """Give a waiting row its rows of the caches (the lane's, in the separate prefill mode)."""
-        self.waiting.remove(row)
-        self._note_admitted(row)
+        """Give an admitted row its rows of the caches (the lane's, in the separate prefill mode)."""
         if self.prefill == PREFILL_SEPARATE:
             self._enter_lane(row)
         else:
@@ -280,6 +295,26 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         if drafts:
             self.draft_rows.append(row)
 
+    def _preempt(self, row: BatchRow) -> None:
+        """Take a row the scheduler preempted (it is back at the head of its group's queue) out of
+        the batch (or the lane) at this step boundary (recompute preemption, as vLLM's).
+
+        The row keeps its tokens, generator, stop condition, grammar state, drafter and draft
+        schedule: only its cache rows go, after offering their keys and values to the prefix
+        cache. Its context (prompt and every token generated) becomes the prompt it prefills when
+        admitted again (adopting what the prefix cache holds), exactly as a session resumed from
+        its committed tokens does; the pending token is the same and a seeded row's draws are
+        seeded by position (decoder.reseed_at), so it goes on with the tokens it would have made.
+        """
+        self._release([row])
+        row.prompt_length = len(row.context)
+        row.prefilled = 0
+        row.draft_synced, row.draft_extra = 0, []
+        row.prefix_offered = False
+        row.fed_prompt = 0
+        row.forced_step = False
+        row.stats.preemptions += 1
+
     # -- one step -------------------------------------------------------------------------
 
     def step(self, early: Callable[[list[RowEvent]], None] | None = None) -> list[RowEvent]:
@@ -297,7 +332,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
             elif row.request.deadline is not None and now >= row.request.deadline:
                 row.finish_reason = FINISH_TIMEOUT
             if row.finish_reason is not None:
-                self.waiting.remove(row)
+                self.scheduler.withdraw(row)
                 self._cancelled.discard(row.request.request_id)
                 events.append(self._event(row, StepOutput([], 0, 0, [], row.finish_reason)))
         self._admit()
@@ -334,7 +369,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self.target_cache.maybe_compact()
         if self.draft_cache is not None and self.draft_rows:
             self.draft_cache.maybe_compact()
-        self.fairness.forget_idle(group_of(row) for row in self.rows + self.lane_rows + list(self.waiting))
+        self.scheduler.forget_idle(self.rows + self.lane_rows)
         self.steps += 1
         return events
 
@@ -450,7 +485,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
 
     def _event(self, row: BatchRow, step: StepOutput, bonus: bool = False, prefill_tokens: int = 0,
                verified_depth: int | None = None, expected_accepted: float | None = None) -> RowEvent:
-        self.fairness.charge(group_of(row), len(step.token_ids) + prefill_tokens)
+        self.scheduler.charge(row, len(step.token_ids) + prefill_tokens)
         return RowEvent(row.request.request_id, step, row.stats, bonus, row.error, row.drafter_kind,
                         row.depth_choices, prefill_tokens, verified_depth, expected_accepted)
 

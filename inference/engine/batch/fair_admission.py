@@ -1,4 +1,14 @@
-"""Fair admission across groups of requests, and which row to preempt for a starved group.
+"""The engine's scheduler of rows: fair admission across groups of requests, and preemption.
+
+`RowScheduler` is a component the batching engine (engine.py, `BatchedSpeculativeEngine`)
+holds as `scheduler`: it owns the waiting rows, the groups' weights and clocks (`FairAdmission`),
+the preemption switch and the admission and preemption counts, and decides which waiting row
+gets a place and which running row gives its place up for whom. It holds no engine: at each
+step boundary the engine hands `plan` the rows holding a place and the number of places, and
+carries out the `Admission`s it returns in order (takes a preempted row out, `_preempt`, and
+places a row, `_place`); the caches, the prefill lane and the rows' state stay the engine's.
+Its interface: `submit`, `withdraw`, `plan`, `charge`, `forget_idle`, and `waiting`/`preemptions`
+to read.
 
 The batching engine (engine.py) knows no tenants: each `BatchRequest` carries an opaque
 `fair_group` (the worker passes the tenant; None for every request is one group, first in first
@@ -16,12 +26,9 @@ arrival. Within a group rows stay first in, first out.
 Preemption (`victim_group`): when the batch is full and a waiting group holds less than its
 share while another holds more, the over-share group gives up a row. Only when the move leaves
 the giver holding at least as many rows per weight as the taker, so two groups can never take
-rows back and forth (with equal weights: a difference of two rows or more). The engine then
-takes the giver's youngest row out of the batch with its tokens and puts it back at the head of
-its group's queue (recompute preemption, `FairRows._preempt`).
-
-`FairRows` is the engine's side (a mixin of `BatchedSpeculativeEngine`, engine.py, which owns
-the rows, the lane, the caches and `_place`/`_release`).
+rows back and forth (with equal weights: a difference of two rows or more). The giver's
+youngest `preemptible` row goes back to the head of its group's queue, and the engine takes it
+out of the batch with its tokens (recompute preemption, `BatchedSpeculativeEngine._preempt`).
 """
 
 from __future__ import annotations
@@ -117,69 +124,93 @@ class FairAdmission:
         return None
 
 
-class FairRows:
-    """Admission and preemption of the engine's waiting rows (see the module docstring)."""
+@dataclass(frozen=True)
+class Admission:
+    """A waiting row to place, after taking `preempts` (a running row) out when it is set."""
 
-    def _init_fair_rows(self, preemption: bool) -> None:
-        self.waiting: deque[BatchRow] = deque()  # in arrival order; a preempted row goes back first
+    row: BatchRow
+    preempts: BatchRow | None = None
+
+
+def preemptible(row: BatchRow) -> bool:
+    """Whether the row may give up its place: its request allows it, it has not ended, and its
+    drafter holds nothing a second prefill would feed it again (a feature-reading, DSpark, row's
+    drafter holds the target's features of its positions)."""
+    return (row.request.preemptible and row.finish_reason is None and not reads_features(row)
+            and not row.keeps_last_prompt_token)
+
+
+class RowScheduler:
+    """The engine's scheduler of rows: who waits, who gets a row, who gives one up (module docstring).
+
+    It holds the waiting rows (`waiting`, in arrival order; a preempted row goes back first), the
+    groups' `FairAdmission`, the preemption switch and the counts, and sees the engine's rows
+    only as `plan` is handed them: the engine places and takes out rows itself.
+    """
+
+    def __init__(self, preemption: bool = True) -> None:
+        self.waiting: deque[BatchRow] = deque()
         self.fairness = FairAdmission()
         self.preemption = preemption
-        self.preemptions = 0  # rows preempted since the engine was built
-        self._admissions = 0
+        self.preemptions = 0  # rows preempted since the scheduler was built
+        self._admissions = 0  # rows admitted so far: a row's `admitted` is the count when it got its place
 
-    def _held(self) -> Counter:
-        """Rows of the batch and the lane, by fair group."""
-        return Counter(group_of(row) for row in self.rows + self.lane_rows)
+    def submit(self, row: BatchRow) -> None:
+        """Queue a new row (its group's weight is its request's from now on)."""
+        self.fairness.note_request(row)
+        self.waiting.append(row)
 
-    def _admit(self) -> None:
-        """Give free rows to waiting requests, the fairest first; then, with a full batch and a
-        group under its share waiting, preempt rows of groups over theirs."""
-        while self.waiting and len(self.rows) + len(self.lane_rows) < self.max_rows:
-            self._place(self.fairness.pick(self.waiting, self._held()))
+    def withdraw(self, row: BatchRow) -> None:
+        """Take a waiting row out of the queue (it ended there: cancelled, past its deadline)."""
+        self.waiting.remove(row)
+
+    def charge(self, row: BatchRow, tokens: int) -> None:
+        """Count `tokens` (prompt tokens fed and tokens generated) served to the row's group."""
+        self.fairness.charge(group_of(row), tokens)
+
+    def forget_idle(self, running: Iterable[BatchRow]) -> None:
+        """At the end of a step: forget the groups with no row `running` or waiting."""
+        self.fairness.forget_idle(group_of(row) for row in [*running, *self.waiting])
+
+    def plan(self, running: Iterable[BatchRow], max_rows: int) -> list[Admission]:
+        """This step boundary's admissions, for the engine to carry out in order: `running` is
+        every row holding a place (the batch's and the prefill lane's), `max_rows` the places.
+
+        Free places go to waiting rows, the fairest first; then, with every place taken and a
+        group under its share waiting, each admission takes the place of the youngest preemptible
+        row of a group over its share (at most `max_rows` of them: each narrows the gap between
+        two groups). The queue, the rows' `admitted` numbers and the counts are updated here, as
+        the engine will have done it: a row planned out is back at the head of the queue."""
+        running = list(running)
+        admissions: list[Admission] = []
+        while self.waiting and len(running) < max_rows:
+            admissions.append(Admission(self._admit(self.fairness.pick(self.waiting, _held(running)), running)))
         if not self.preemption or not self.waiting:
-            return
-        for _ in range(self.max_rows):  # each preemption narrows the gap between two groups
-            held = self._held()
-            preemptible = Counter(group_of(row) for row in self.rows + self.lane_rows if self._preemptible(row))
-            pair = self.fairness.victim_group(self.waiting, held, self.max_rows, preemptible)
+            return admissions
+        for _ in range(max_rows):
+            givers = Counter(group_of(row) for row in running if preemptible(row))
+            pair = self.fairness.victim_group(self.waiting, _held(running), max_rows, givers)
             if pair is None:
-                return
+                break
             taker, giver = pair
-            self._preempt(max((row for row in self.rows + self.lane_rows
-                               if group_of(row) == giver and self._preemptible(row)),
-                              key=lambda row: row.admitted))
-            self._place(next(row for row in self.waiting if group_of(row) == taker))
+            victim = max((row for row in running if group_of(row) == giver and preemptible(row)),
+                         key=lambda row: row.admitted)
+            running.remove(victim)
+            self.preemptions += 1
+            self.waiting.appendleft(victim)  # ahead of its group's later arrivals
+            row = self._admit(next(row for row in self.waiting if group_of(row) == taker), running)
+            admissions.append(Admission(row, victim))
+        return admissions
 
-    def _note_admitted(self, row: BatchRow) -> None:
+    def _admit(self, row: BatchRow, running: list[BatchRow]) -> BatchRow:
+        self.waiting.remove(row)
+        running.append(row)
         self._admissions += 1
         row.admitted = self._admissions
         self.fairness.note_admitted(row)
+        return row
 
-    @staticmethod
-    def _preemptible(row: BatchRow) -> bool:
-        # a feature-reading (DSpark) row's drafter holds the target's features of its positions,
-        # which a second prefill would feed it again
-        return (row.request.preemptible and row.finish_reason is None and not reads_features(row)
-                and not row.keeps_last_prompt_token)
 
-    def _preempt(self, row: BatchRow) -> None:
-        """Take a row out of the batch (or the lane) at this step boundary and put it back at the
-        head of its group's queue (recompute preemption, as vLLM's).
-
-        The row keeps its tokens, generator, stop condition, grammar state, drafter and draft
-        schedule: only its cache rows go, after offering their keys and values to the prefix
-        cache. Its context (prompt and every token generated) becomes the prompt it prefills when
-        admitted again (adopting what the prefix cache holds), exactly as a session resumed from
-        its committed tokens does; the pending token is the same and a seeded row's draws are
-        seeded by position (decoder.reseed_at), so it goes on with the tokens it would have made.
-        """
-        self._release([row])
-        row.prompt_length = len(row.context)
-        row.prefilled = 0
-        row.draft_synced, row.draft_extra = 0, []
-        row.prefix_offered = False
-        row.fed_prompt = 0
-        row.forced_step = False
-        row.stats.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(row)  # ahead of its group's later arrivals
+def _held(running: Iterable[BatchRow]) -> Counter:
+    """Rows holding a place, by fair group."""
+    return Counter(group_of(row) for row in running)

@@ -16,7 +16,7 @@ import pytest
 
 from inference.engine import DraftConfig, GenerationConfig
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
-from inference.engine.batch.fair_admission import FairAdmission
+from inference.engine.batch.fair_admission import Admission, FairAdmission, RowScheduler
 from inference.engine.batch.policy import SpeculationPolicy
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.kv.prefix_cache import PrefixCache
@@ -175,6 +175,56 @@ def test_fair_shares_follow_the_weights():
     assert fairness.victim_group(waiting, held, 8, Counter(held)) is None
     held = Counter({"a": 7, "b": 1})
     assert fairness.victim_group(waiting, held, 8, Counter(held)) == ("b", "a")
+
+
+class _Row:
+    """What the scheduler reads of a row: its request, whether it ended, its drafter, its number."""
+
+    def __init__(self, request_id: str, group: str, preemptible: bool = True) -> None:
+        self.request = BatchRequest(request_id, [1], GenerationConfig(), fair_group=group, preemptible=preemptible)
+        self.finish_reason = None
+        self.drafter = None
+        self.keeps_last_prompt_token = False
+        self.admitted = 0
+
+
+def _ids(rows) -> list[str]:
+    return [row.request.request_id for row in rows]
+
+
+def test_the_scheduler_plans_free_places_fairly_and_numbers_the_admitted_rows():
+    scheduler = RowScheduler()
+    for row in [_Row("a0", "a"), _Row("a1", "a"), _Row("a2", "a"), _Row("b0", "b")]:
+        scheduler.submit(row)
+    plan = scheduler.plan([], 3)
+    # a's head, then b (holding none), then a again; nothing taken out: there were free places
+    assert [(admission.row.request.request_id, admission.preempts) for admission in plan] == [
+        ("a0", None), ("b0", None), ("a1", None)]
+    assert [admission.row.admitted for admission in plan] == [1, 2, 3]
+    assert _ids(scheduler.waiting) == ["a2"] and scheduler.preemptions == 0
+    # the places are all taken and a holds its share (2 of 3 with b waiting for none): no plan
+    assert scheduler.plan([admission.row for admission in plan], 3) == []
+
+
+def test_the_scheduler_plans_a_starved_groups_place_from_the_youngest_preemptible_row():
+    scheduler = RowScheduler()
+    rows = [_Row("n0", "noisy"), _Row("n1", "noisy"), _Row("n2", "noisy", preemptible=False)]
+    for row in rows:
+        scheduler.submit(row)
+    running = [admission.row for admission in scheduler.plan([], 3)]
+    quiet = [_Row("q0", "quiet"), _Row("q1", "quiet")]
+    for row in quiet:
+        scheduler.submit(row)
+    plan = scheduler.plan(running, 3)
+    # n2 is the youngest but may not be preempted: n1 goes, back at the head of the queue
+    assert plan == [Admission(quiet[0], rows[1])]
+    assert quiet[0].admitted == 4 and scheduler.preemptions == 1
+    assert _ids(scheduler.waiting) == ["n1", "q1"]
+    # quiet holds 1, noisy 2: one more move would only swap them; nothing more with preemption off
+    running = [rows[0], rows[2], quiet[0]]
+    assert scheduler.plan(running, 3) == []
+    scheduler.preemption = False
+    assert scheduler.plan(running[:2], 3) == [Admission(quiet[1])]  # quiet holds fewer: its head first
 
 
 def test_a_preempted_row_cancelled_and_a_waiting_row_past_its_deadline_end_from_the_queue():
