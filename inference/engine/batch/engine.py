@@ -85,7 +85,7 @@ __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
 class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, PrefillLane, ConfidenceScheduling,
-                               FeatureRows, PrefixReuse):
+                               FeatureRows):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -96,7 +96,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
     pack_linear: the linear layers of a ragged forward take the rows' real tokens only, not the
     padding to the widest row (modeling.py `Packing`; opt-in: it changes logits' low bits).
     prefix_cache: the device's store of cached prefixes (kv/prefix_cache.py), which newcomers
-    adopt and rows fill (batch/prefix_reuse.py); None or a 0-byte store: every prompt prefills.
+    adopt and rows fill (the prefixes component, batch/prefix_reuse.py); None or a 0-byte store:
+    every prompt prefills.
     prefix_namespace: this engine's part of that store (the model pair; default: this engine).
     preemption: a full batch gives up an over-share group's youngest row to a group under its
     share (the scheduler, fair_admission.py); off: rows keep their place until they end, and
@@ -166,7 +167,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self.rows: list[BatchRow] = []  # target cache row i is rows[i]
         self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
-        self._init_prefix_reuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
+        # the prefix cache and this engine's namespace in it: which newcomers adopt, which rows offer
+        self.prefixes = PrefixReuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
         self.scheduler = RowScheduler(preemption)  # the waiting rows, who gets a row (fair_admission.py)
         self._cancelled: set[Hashable] = set()
         self.steps = 0
@@ -259,6 +261,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         return self.scheduler.preemptions
 
     @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The device's prefix cache this engine adopts from and offers to (None: off)."""
+        return self.prefixes.store
+
+    @property
     def active(self) -> int:
         return len(self.rows) + len(self.lane_rows) + len(self.waiting)
 
@@ -285,8 +292,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         drafts = row.drafter_kind == "draft_model"
         if lane_index is None:
             # a newcomer of the shared mode (or one with nothing to prefill): a cached prefix
-            self._open_cache_rows(row, self.target_cache, self.draft_cache if drafts else None,
-                                  row.prefill_length)
+            self.prefixes.open_rows(row, self.target_cache, self.draft_cache if drafts else None,
+                                    row.prefill_length)
         else:
             self.target_cache.adopt_row(self.lane_target_cache, lane_index[0])
             if drafts:
@@ -364,8 +371,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
             events.extend(self._decode_step(started_ns, prefill_seconds))
         self._leave([row for row in self.rows + self.lane_rows if row.finish_reason is not None])
         self._move_ready_rows()  # they decode from the next step on
-        if self.prefix_cache is not None and self.prefill != PREFILL_SEPARATE:
-            self._offer_prefilled_prompts()  # the shared mode's rows whose prompt is now cached
+        if self.prefill != PREFILL_SEPARATE:  # the shared mode's rows whose prompt is now cached
+            self.prefixes.offer_prefilled_prompts(self.rows, self.target_cache, self.draft_rows, self.draft_cache)
         self.target_cache.maybe_compact()
         if self.draft_cache is not None and self.draft_rows:
             self.draft_cache.maybe_compact()
@@ -500,18 +507,12 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         leaving = {id(row) for row in rows}
         if not leaving:
             return
-        if self.prefix_cache is not None:
-            for index, row in enumerate(self.lane_rows):
-                if id(row) in leaving and row.prefilled and row.finish_reason is None:
-                    # a preempted newcomer's prompt so far
-                    draft_index = self.lane_draft_rows.index(row) if row in self.lane_draft_rows else None
-                    self._offer_prefix(row, self.lane_target_cache, index, self.lane_draft_cache, draft_index)
+        # a preempted newcomer's prompt so far
+        self.prefixes.offer_rows(self.lane_rows, self.lane_target_cache, self.lane_draft_rows, self.lane_draft_cache,
+                                 lambda row: id(row) in leaving and row.prefilled and row.finish_reason is None)
         self._leave_lane([row for row in self.lane_rows if id(row) in leaving])
-        if self.prefix_cache is not None:
-            for index, row in enumerate(self.rows):
-                if id(row) in leaving:
-                    draft_index = self.draft_rows.index(row) if row in self.draft_rows else None
-                    self._offer_prefix(row, self.target_cache, index, self.draft_cache, draft_index)
+        self.prefixes.offer_rows(self.rows, self.target_cache, self.draft_rows, self.draft_cache,
+                                 lambda row: id(row) in leaving)
         keep = [index for index, row in enumerate(self.rows) if id(row) not in leaving]
         self.target_cache.keep_rows(keep)
         self.rows = [self.rows[index] for index in keep]

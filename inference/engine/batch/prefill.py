@@ -54,8 +54,8 @@ class PrefillLane:
             return
         drafts = row.drafter_kind == "draft_model"
         # its rows start with the longest cached prefix of its context (prefix_reuse.py)
-        self._open_cache_rows(row, self.lane_target_cache, self.lane_draft_cache if drafts else None,
-                              self._lane_length(row))
+        self.prefixes.open_rows(row, self.lane_target_cache, self.lane_draft_cache if drafts else None,
+                                self._lane_length(row))
         self.lane_rows.append(row)
         if drafts:
             self.lane_draft_rows.append(row)
@@ -126,9 +126,9 @@ class PrefillLane:
         ready = [row for row in self._lane_ready if row in self.lane_rows]  # not those that ended
         for row in ready:
             draft_index = self.lane_draft_rows.index(row) if row.drafter_kind == "draft_model" else None
-            if self.prefix_cache is not None:  # its prompt, for the sessions that share it
-                self._offer_prefix(row, self.lane_target_cache, self.lane_rows.index(row),
-                                   self.lane_draft_cache, draft_index)
+            # its prompt, for the sessions that share it (prefix_reuse.py)
+            self.prefixes.offer(row, self.lane_target_cache, self.lane_rows.index(row), self.lane_draft_cache,
+                                draft_index)
             self._add_decoding_row(row, (self.lane_rows.index(row), draft_index))
         self._leave_lane(ready)
         self._lane_ready = []

@@ -6,7 +6,9 @@ their first tokens (a system prompt). Greedy rows must equal the target's own gr
 seeded sampled rows the single-sequence decoder's, for every drafter, in both prefill modes, with
 a store small enough to evict mid-run and with tenants isolated; a resumed row (crash-resume)
 too. The store itself: longest whole-block match, shared blocks stored once, least recently used
-leaves evicted first, namespaces apart.
+leaves evicted first, namespaces apart. The engine's prefix component (`PrefixReuse`) on caches
+and rows of its own, without an engine: rows open with what another row offered, in their
+namespace and scope only; without a store it opens empty rows and offers nothing.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ from hypothesis import strategies as st
 from inference.engine import DraftConfig, GenerationConfig, SpeculativeDecoder, build_drafter
 from inference.engine.batch.engine import BatchedSpeculativeEngine, BatchRequest
 from inference.engine.batch.policy import SpeculationPolicy
+from inference.engine.batch.prefix_reuse import PrefixReuse
+from inference.engine.batch.rows import BatchRow
+from inference.engine.decode.stopping import StopCondition
 from inference.engine.decode.target_only import generate_plain
 from inference.engine.drafters.dspark import load_dspark
 from inference.engine.kv.prefix_cache import PrefixCache, PrefixSource
+from inference.engine.kv.ragged import RaggedCache, RowInput
 
 from .conftest import VOCAB_SIZE, noisy_copy, target_model
 from .dspark_models import write_deepspec_checkpoint
@@ -97,6 +103,54 @@ def test_the_least_recently_used_leaf_goes_first_and_the_bytes_stay_in_bounds():
 def test_a_zero_byte_store_is_off():
     store = PrefixCache(max_bytes=0, block=4)
     assert not store.enabled and store.store("pair", PrefixSource([1, 2, 3, 4], _layers([1, 2, 3, 4]))) == 0
+
+
+# -- the engine's prefix component, without an engine ----------------------------------------
+
+def _row(name: str, prompt: list[int], scope=None) -> BatchRow:
+    config = GenerationConfig(max_new_tokens=4)
+    return BatchRow(BatchRequest(name, prompt, config, "none", cache_scope=scope), "none", 4,
+                    StopCondition(config, 4, _decode), torch.device("cpu"))
+
+
+def test_the_prefix_component_opens_rows_with_what_another_row_offered_in_its_namespace_and_scope():
+    target = target_model("llama")
+    store = PrefixCache(max_bytes=1 << 24, block=4)
+    prefixes = PrefixReuse(store, "pair")
+    prompt = list(range(10, 20))
+    first, cache = _row("first", prompt), RaggedCache(target)
+    prefixes.open_rows(first, cache, None, first.prefill_length)
+    assert cache.rows == 1 and first.prefilled == 0 and store.stats.lookups == 1  # nothing cached yet
+    cache.forward([RowInput(prompt, list(range(len(prompt))))], logits="none")
+    first.prefilled = len(prompt)
+    prefixes.offer_prefilled_prompts([first], cache, [], None)
+    # all but the pending token (9) are cached: two whole blocks
+    assert first.prefix_offered and store.stats.blocks == 2
+    prefixes.offer_prefilled_prompts([first], cache, [], None)  # offered already: nothing more
+    assert store.stats.blocks == 2
+
+    second, other_cache = _row("second", prompt[:9] + [3, 4]), RaggedCache(target)
+    other_cache.add_row()  # the newcomer's row is the cache's second
+    prefixes.open_rows(second, other_cache, None, second.prefill_length)
+    assert second.prefilled == 8 and second.stats.cached_tokens == 8 and other_cache.rows == 2
+    for mine, theirs in zip(other_cache.row_prefix(1, 8), cache.row_prefix(0, 8)):
+        assert torch.equal(mine[0], theirs[0]) and torch.equal(mine[1], theirs[1])
+    for row, namespace in ((_row("scoped", prompt, scope="tenant-b"), "pair"), (_row("elsewhere", prompt), "other")):
+        PrefixReuse(store, namespace).open_rows(row, RaggedCache(target), None, row.prefill_length)
+        assert row.prefilled == 0 and row.stats.cached_tokens == 0
+
+
+def test_without_a_store_the_prefix_component_opens_empty_rows_and_offers_nothing():
+    target = target_model("llama")
+    for store in (None, PrefixCache(max_bytes=0, block=4)):
+        prefixes = PrefixReuse(store, "pair")
+        assert prefixes.store is None
+        row, cache = _row("row", list(range(10, 20))), RaggedCache(target)
+        prefixes.open_rows(row, cache, None, row.prefill_length)
+        cache.forward([RowInput(row.context, list(range(len(row.context))))], logits="none")
+        row.prefilled = row.prompt_length
+        prefixes.offer_rows([row], cache, [], None, lambda _: True)
+        assert cache.rows == 1 and row.prefilled == 10 and not row.prefix_offered
 
 
 # -- the engine -----------------------------------------------------------------------------
