@@ -107,12 +107,16 @@ class FairAdmission:
                      preemptible: Counter) -> tuple[Hashable, Hashable] | None:
         """(taker, giver): a waiting group under its share and a group over its share that should
         give it a row, or None. `preemptible`: each group's rows that may be preempted."""
-        waiting_groups = {group_of(row) for row in waiting}
-        active = set(waiting_groups) | {group for group, count in held.items() if count}
+        # ordered (queue order, then the batch's), never a set: ties go the same way in every
+        # process, whatever the hash seed of the groups' names
+        first_waiting: dict[Hashable, int] = {}
+        for position, row in enumerate(waiting):
+            first_waiting.setdefault(group_of(row), position)
+        active = list(dict.fromkeys([*first_waiting, *(group for group, count in held.items() if count)]))
         if len(active) < 2:
             return None
-        takers = sorted((g for g in waiting_groups if held[g] < self.share(g, active, max_rows)),
-                        key=lambda g: (self._load(g, held), self._clock(g)))
+        takers = sorted((g for g in first_waiting if held[g] < self.share(g, active, max_rows)),
+                        key=lambda g: (self._load(g, held), self._clock(g), first_waiting[g]))
         for taker in takers:
             after_taker = (held[taker] + 1) / self.weights.get(taker, 1.0)
             givers = [g for g in active
