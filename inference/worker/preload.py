@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from celery.signals import worker_process_init, worker_ready
+from django.db import DatabaseError
 
 from core.queues import is_device_queue
 from inference.worker.residency import residency, worker_device
@@ -51,8 +52,14 @@ def preload_models(**kwargs) -> None:
 
     device = worker_device()
     try:
-        versions = list(ModelVersion.objects.filter(status=VersionStatus.ACTIVE, device=device))
-        loop = device_loop()  # starts the engine core, when there is one
+        # the engine core first, whatever the database holds: on a first `make run` the workers
+        # start while the migrations still run, and the core's start is most of a first task's wait
+        loop = device_loop()
+        try:
+            versions = list(ModelVersion.objects.filter(status=VersionStatus.ACTIVE, device=device))
+        except DatabaseError as error:  # not migrated yet: the first task loads its model
+            logger.warning("no model preloaded on %s: %s", device, (str(error).strip().splitlines() or ["?"])[0])
+            return
         models = preload_each(versions, device)
         loop.preload(list(models.values()))
         logger.info("preloaded %d of %d model version(s) on %s", len(models), len(versions), device)
