@@ -2,9 +2,13 @@
 
     .venv/bin/python bench/engine.py [--model-dir models] [--device cpu|cuda] [--prompts 12]
 
-Methods: target-only greedy with HF `generate` and with our plain loop (the faster is the
-baseline), HF assisted generation (`assistant_model=draft`, constant schedule, same draft
-length, no confidence threshold), and ours with the draft-model chain, the n-gram and the tree
+Methods: target-only greedy with HF `generate`, with our one-at-a-time plain loop and with the
+serving engine's compiled plain decoding (the fastest of the three is the baseline), HF assisted
+generation (`assistant_model=draft`, constant schedule, same draft length, no confidence
+threshold), ours as served (`ours_engine_*`: the batched engine a worker runs, at batch 1, on
+its compiled path: whole-model AOTInductor packages over static KV pools, built before timing
+into --compile-dir, where a worker finds them too) and ours one at a time with the eager
+single-sequence decoder (`SpeculativeDecoder`): the draft-model chain, the n-gram and the tree
 drafter. Then tree vs chain at the same node budget (`--budgets`, 8 and 16): for each budget
 and temperature (`--temperatures`: greedy, 0.7, 1.0; sampled runs seeded per prompt and pass,
 their counters summed over the passes), a chain of `budget` tokens and a dynamic tree of
@@ -14,13 +18,19 @@ is warmed up, then timed `--repeats` times over all prompts (methods interleaved
 drifts hit them alike); tokens/s is the median. The last line is machine readable:
 
 RESULT greedy_identical=<bool> speedup_vs_baseline=<x> speedup_vs_hf_assisted=<x>
+       single_decoder_vs_hf_assisted=<x>
        tree_over_chain_accept_len=<x> acceptance=<accepted/drafted at gamma=4>
        tree_over_chain_accept_len_t1=<x> tree_over_chain_tok_s_t1=<x>
        tree_over_chain_accept_len_weak_t1=<x>
        dspark_tau_over_chain=<x> dspark_tau_over_chain_t1=<x>                 (one line)
 
-greedy_identical covers every greedy method of ours against HF greedy; both speedups use the
-gamma-4 chain with a constant schedule, like the HF assisted run it is compared with.
+greedy_identical covers every greedy method of ours: the eager ones against HF greedy, the
+compiled ones against the compiled target's own greedy (`ours_engine_plain`; the compiled and
+eager targets agree on the held-out text, bench/serving.py's compiled_token_agreement). Both
+speedups time the served engine's gamma-4 draft-model chain with a constant schedule
+(`ours_engine_draft_model`: policy off, every step drafts gamma), like the HF assisted run it is
+compared with; the eager one-at-a-time decoder's ratio is printed beside them
+(`single_decoder_vs_hf_assisted`).
 tree_over_chain_accept_len is greedy at `--node-budget` (8) on the demo pair; the _t1 keys are
 temperature 1.0 at budget 16, on the demo pair and (_weak_) on the weak draft.
 The dspark keys: the DSpark drafter's accepted length tau (with the bonus token) over the
@@ -53,7 +63,7 @@ from inference.engine import (  # noqa: E402
     build_drafter,
     generate_plain,
 )
-from bench.common import load_pair_dirs  # noqa: E402
+from bench.common import ROOT, load_pair_dirs  # noqa: E402
 
 # (prompt, pass index) -> (generated ids, stats); a sampled method draws new seeds each pass
 Runner = Callable[[list[int], int], tuple[list[int], GenerationStats | None]]
@@ -67,6 +77,7 @@ class Method:
     run: Runner
     ours: bool = True
     greedy: bool = True
+    compiled: bool = False  # runs the compiled target, whose own greedy output is its reference
     outputs: list[list[int]] = field(default_factory=list)
     tokens_per_second: list[float] = field(default_factory=list)
     stats: GenerationStats = field(default_factory=GenerationStats)
@@ -159,6 +170,35 @@ def ours_runner(target, drafter, generation: GenerationConfig) -> Runner:
     return run
 
 
+def served_engine(target, draft, store: Path, depth: int | None, compile_mode: str = "auto"):
+    """The batched engine a worker runs, one row, on its compiled path with every package built
+    (`compile_mode` off: its eager path); `depth`: every step drafts that many tokens (the policy
+    off: a constant schedule, as HF assisted's), None: no draft model (plain decoding)."""
+    from bench.serving_paths import compiled_engine
+    from inference.engine.batch.engine import BatchedSpeculativeEngine
+    from inference.engine.batch.policy import SpeculationPolicy
+
+    policy = SpeculationPolicy(max_depth=depth, enabled=False) if depth else None
+    draft = draft if depth else None
+    if compile_mode == "off":
+        return BatchedSpeculativeEngine(target, draft, policy=policy, max_rows=1)
+    engine, seconds = compiled_engine(target, draft, store, policy=policy, max_rows=1)
+    print(f"served engine ({'gamma ' + str(depth) if depth else 'plain'}): compiled forwards ready in "
+          f"{seconds:.1f} s ({store})", flush=True)
+    return engine
+
+
+def engine_runner(engine, generation: GenerationConfig, drafter: str, gamma: int) -> Runner:
+    """One request at a time through the served engine (batch 1)."""
+    from inference.engine.batch.engine import BatchRequest
+
+    def run(prompt: list[int], index: int = 0) -> tuple[list[int], GenerationStats]:
+        request = BatchRequest(("bench", index), prompt, generation, drafter, DraftConfig(length=max(gamma, 1)))
+        result = engine.run([request])[request.request_id]
+        return result.token_ids, result.stats
+    return run
+
+
 def configure_assistant(draft, gamma: int) -> None:
     """HF assisted generation with a constant draft length and no early stop on confidence."""
     draft.generation_config.num_assistant_tokens = gamma
@@ -205,11 +245,16 @@ def build_methods(args, target, draft, eos, weak_draft=None, dspark=None) -> lis
                       greedy=temperature == 0)
 
     configure_assistant(draft, args.gamma)
+    served_plain = served_engine(target, draft, args.compile_dir, None, args.engine_compile)
+    served_chain = served_engine(target, draft, args.compile_dir, args.gamma, args.engine_compile)
     methods = [
         Method("hf_generate_greedy", hf_runner(target, eos, args.max_new_tokens), ours=False),
         Method("ours_plain_greedy", lambda p, index=0: (
             (r := generate_plain(target, p, generation)).token_ids, r.stats)),
+        Method("ours_engine_plain", engine_runner(served_plain, generation, "none", 0), compiled=True),
         Method("hf_assisted", hf_runner(target, eos, args.max_new_tokens, draft), ours=False),
+        Method("ours_engine_draft_model", engine_runner(served_chain, generation, "draft_model", args.gamma),
+               compiled=True),
         ours("ours_draft_model", "draft_model", length=args.gamma),
         ours("ours_draft_model_adaptive", "draft_model", length=args.gamma, adaptive=True,
              min_length=1, max_length=2 * args.gamma),
@@ -268,7 +313,11 @@ def _ratio_key(by_name: dict[str, Method], key: str, pair: str, budget: int, tem
 
 def report(methods: list[Method], args) -> str:
     by_name = {method.name: method for method in methods}
-    reference = by_name["hf_generate_greedy"].outputs
+    eager_reference = by_name["hf_generate_greedy"].outputs
+    compiled_reference = by_name["ours_engine_plain"].outputs
+
+    def reference_of(method: Method) -> list[list[int]]:
+        return compiled_reference if method.compiled else eager_reference
     print(f"{'method':28} {'tok/s':>7} {'accept':>7} {'alpha':>6} {'len':>5} {'E':>5} "
           f"{'steps':>6} {'draft s':>8} {'verify s':>8} identical")
     for method in methods:
@@ -276,18 +325,21 @@ def report(methods: list[Method], args) -> str:
         gamma = len(stats.drafted_per_position)
         alpha = stats.per_token_acceptance
         bound = expected_tokens_per_step(alpha, gamma) if stats.drafted else float("nan")
-        identical = method.outputs == reference if method.greedy else "(sampled)"
+        identical = method.outputs == reference_of(method) if method.greedy else "(sampled)"
         print(f"{method.name:28} {method.median_tps:7.1f} {stats.acceptance_rate:7.3f} "
               f"{alpha:6.3f} {stats.mean_accepted_length:5.2f} {bound:5.2f} {stats.steps:6d} "
               f"{stats.draft_seconds:8.2f} {stats.verify_seconds:8.2f} {identical}")
-    baseline_name = max(("hf_generate_greedy", "ours_plain_greedy"),
+    baseline_name = max(("hf_generate_greedy", "ours_plain_greedy", "ours_engine_plain"),
                         key=lambda name: by_name[name].median_tps)
-    chain = by_name["ours_draft_model"]
+    chain = by_name["ours_engine_draft_model"]
     speedup = chain.median_tps / by_name[baseline_name].median_tps
     vs_assisted = chain.median_tps / by_name["hf_assisted"].median_tps
+    single_vs_assisted = by_name["ours_draft_model"].median_tps / by_name["hf_assisted"].median_tps
     tree_over_chain = tree_vs_chain(by_name, "demo", args.node_budget, 0.0)
     alpha = chain.stats.per_token_acceptance
-    identical = all(method.outputs == reference for method in methods if method.ours and method.greedy)
+    identical = all(method.outputs == reference_of(method) for method in methods if method.ours and method.greedy)
+    same_as_eager = sum(a == b for a, b in zip(compiled_reference, eager_reference))
+    print(f"the compiled target's greedy output equals HF greedy on {same_as_eager} of {len(eager_reference)} prompts")
     print(f"baseline={baseline_name} ({by_name[baseline_name].median_tps:.1f} tok/s); "
           f"draft_model gamma={args.gamma}: accepted/drafted={chain.stats.acceptance_rate:.3f}, "
           f"per-token alpha={alpha:.3f}, mean accepted length "
@@ -296,7 +348,7 @@ def report(methods: list[Method], args) -> str:
     print_tree_table(by_name, args)
     # acceptance= is the conservative figure, accepted / drafted
     result = (f"RESULT greedy_identical={str(identical).lower()} speedup_vs_baseline={speedup:.2f} "
-              f"speedup_vs_hf_assisted={vs_assisted:.2f}")
+              f"speedup_vs_hf_assisted={vs_assisted:.2f} single_decoder_vs_hf_assisted={single_vs_assisted:.2f}")
     if tree_over_chain is not None:
         result += f" tree_over_chain_accept_len={tree_over_chain[0]:.2f}"
     result += f" acceptance={chain.stats.acceptance_rate:.3f}"
@@ -346,6 +398,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="torch threads (0: torch default); 1 is steadiest on a shared 2-core box")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dspark", help="DSpark checkpoint directory (default: MODEL_DIR/demo-target-dspark)")
+    parser.add_argument("--compile-dir", type=Path, default=ROOT / "var" / "compiled",
+                        help="where the served engine's compiled forwards are built and found "
+                             "(SPECOPS_COMPILE_DIR of the workers)")
+    parser.add_argument("--engine-compile", choices=("auto", "off"), default="auto",
+                        help="the served engine's forward path (off: eager, e.g. a quick check of the bench)")
     return parser.parse_args(argv)
 
 

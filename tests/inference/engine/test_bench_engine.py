@@ -15,8 +15,11 @@ from inference.demo.tiny_models import build_tiny_pair
 from tests.paths import REPO_ROOT
 
 BENCH = REPO_ROOT / "bench" / "engine.py"
+# the served engine's eager path: its compiled one builds packages for minutes, and is tested in
+# test_compiled_forward.py on the same engine; here the bench's own bookkeeping is under test
+EAGER_ENGINE = ("--engine-compile", "off")
 RESULT = re.compile(r"^RESULT greedy_identical=(true|false) speedup_vs_baseline=[\d.]+ "
-                    r"speedup_vs_hf_assisted=[\d.]+ tree_over_chain_accept_len=[\d.]+ "
+                    r"speedup_vs_hf_assisted=[\d.]+ single_decoder_vs_hf_assisted=[\d.]+ tree_over_chain_accept_len=[\d.]+ "
                     r"acceptance=[\d.]+"
                     r"( tree_over_chain_accept_len_t1=[\d.]+ tree_over_chain_tok_s_t1=[\d.]+)?"
                     r"( tree_over_chain_accept_len_weak_t1=[\d.]+)?"
@@ -47,11 +50,14 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 def test_bench_prints_a_result_line_and_identical_greedy_outputs(bench, tiny_model_dir, capsys):
     assert bench.main(["--model-dir", str(tiny_model_dir), "--prompts", "2", "--repeats", "1",
-                       "--max-new-tokens", "12", "--threads", "1"]) == 0
+                       "--max-new-tokens", "12", "--threads", "1", *EAGER_ENGINE]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert RESULT.match(lines[-1]), lines[-1]
     assert "greedy_identical=true" in lines[-1]
     assert any(line.startswith("hf_assisted") for line in lines)
+    # the speedups time the served engine at batch 1; the one-at-a-time decoder is printed beside it
+    assert any(line.startswith("ours_engine_draft_model") for line in lines)
+    assert any(line.startswith("ours_draft_model ") for line in lines)
 
 
 def test_bench_compares_dspark_with_the_chain_at_its_block_when_the_target_has_one(bench, tiny_model_dir,
@@ -63,7 +69,7 @@ def test_bench_compares_dspark_with_the_chain_at_its_block_when_the_target_has_o
     checkpoint = write_deepspec_checkpoint(tmp_path / "dspark", target, target_layer_ids=(-1, 0), block_size=3)
     assert bench.main(["--model-dir", str(tiny_model_dir), "--prompts", "2", "--repeats", "1",
                        "--max-new-tokens", "10", "--threads", "1", "--temperatures", "0", "--budgets", "8",
-                       "--weak-steps", "0", "--dspark", str(checkpoint)]) == 0
+                       "--weak-steps", "0", "--dspark", str(checkpoint), *EAGER_ENGINE]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert RESULT.match(lines[-1]), lines[-1]
     assert "greedy_identical=true" in lines[-1] and " dspark_tau_over_chain_t1=" in lines[-1]
@@ -74,7 +80,7 @@ def test_bench_measures_tree_against_chain_on_a_weak_draft_it_builds(bench, tiny
     args = ["--model-dir", str(tiny_model_dir), "--prompts", "2", "--repeats", "1",
             "--max-new-tokens", "12", "--threads", "1", "--budgets", "4,16", "--node-budget", "4",
             "--temperatures", "0,1",
-            "--weak-steps", "2", "--weak-corpus-chars", "20000"]
+            "--weak-steps", "2", "--weak-corpus-chars", "20000", *EAGER_ENGINE]
     assert bench.main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert RESULT.match(lines[-1]), lines[-1]
