@@ -11,9 +11,10 @@
   the waiting rows, which is admitted next across fair groups (tenants), and which row a full
   batch preempts for a group under its share;
 * ``policy``: how deep to speculate each step, from measured costs and acceptance;
-* ``scheduling``: confidence-scheduled verification in the step (plan the drafts, cut each
-  row's to its own length, learn), from ``confidence_schedule`` (the prefix scheduler) and
-  ``survival`` (per-position survival estimates per drafter).
+* ``scheduling``: confidence-scheduled verification in the step (`ConfidenceScheduler`, a
+  component the engine holds: plan the drafts, cut each row's to its own length, learn), from
+  ``confidence_schedule`` (the prefix scheduler) and ``survival`` (per-position survival
+  estimates per drafter).
 """
 
 from inference.engine.batch.engine import BatchedSpeculativeEngine

@@ -64,7 +64,7 @@ class DeviceStep:
     def _device_step_possible(self) -> bool:
         """Whether this step qualifies (after `_choose_depth`, which says which rows the confidence
         scheduler runs: they decide from their drafts' values, on the host)."""
-        if (self.scheduling and self._scheduled_ids) or self.dspark is not None:
+        if (self.scheduling and self.confidence.any_scheduled) or self.dspark is not None:
             return False
         for row in self.rows:
             if (row.matcher is not None or row.prefilling or not row.can_draft(self._chunk)

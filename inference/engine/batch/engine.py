@@ -46,6 +46,7 @@ import torch
 from transformers import PreTrainedModel
 
 from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.confidence_schedule import Schedule
 from inference.engine.batch.device_step import DeviceStep
 from inference.engine.batch.fair_admission import RowScheduler
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
@@ -53,7 +54,8 @@ from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
 from inference.engine.batch.prefix_reuse import PrefixReuse
 from inference.engine.batch.profiling import profile_step_costs
-from inference.engine.batch.scheduling import ConfidenceScheduling
+from inference.engine.batch.scheduling import ConfidenceScheduler
+from inference.engine.batch.survival import SurvivalEstimates
 from inference.engine.batch.rows import (
     FINISH_CANCELLED,
     FINISH_TIMEOUT,
@@ -84,8 +86,7 @@ from inference.engine.outputs import GenerationResult, StepOutput
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
-class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, PrefillLane, ConfidenceScheduling,
-                               FeatureRows):
+class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, PrefillLane, FeatureRows):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -102,6 +103,12 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
     preemption: a full batch gives up an over-share group's youngest row to a group under its
     share (the scheduler, fair_admission.py); off: rows keep their place until they end, and
     admission alone is fair.
+
+    Components it holds, each with no reference back to it: `runners` (the compiled model
+    runners, runners.py), `prefixes` (prefix_reuse.py), `scheduler` (the rows' admission and
+    preemption, fair_admission.py) and `confidence` (confidence-scheduled verification,
+    scheduling.py). Drafting, verification, the device step, the prefill lane and the DSpark
+    rows are still mixins over the engine's rows and caches.
     """
 
     def __init__(
@@ -173,11 +180,27 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self._cancelled: set[Hashable] = set()
         self.steps = 0
         self.last_decision = None
-        self._init_scheduling()
+        # each step's per-row draft depths and verification lengths (scheduling.py)
+        self.confidence = ConfidenceScheduler(self.policy, pack_linear)
         self.tree_calibrations = TreeCalibrations()  # what tree drafters learn, kept across requests
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
         self.forward_log: list[tuple[str, int, int, float]] = []  # kinds: see _log_forward
+
+    @property
+    def scheduling(self) -> bool:
+        """Whether this engine's steps run the confidence scheduler."""
+        return self.confidence.enabled
+
+    @property
+    def survival(self) -> SurvivalEstimates:
+        """The confidence scheduler's survival estimates and calibration (survival.py)."""
+        return self.confidence.survival
+
+    @property
+    def last_schedule(self) -> Schedule | None:
+        """The last cut's schedule (confidence_schedule.py); None before the first."""
+        return self.confidence.last_schedule
 
     def _profile_costs(self) -> None:
         vocab = min(self.target.get_input_embeddings().num_embeddings, self.draft_vocab or self.vocab_width)
@@ -392,7 +415,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
             else:
                 trees, draft_seconds = self._draft(depth)
                 if self.scheduling:
-                    trees = self._schedule(trees, time.perf_counter() - step_started)
+                    trees, self.last_decision = self.confidence.cut(self.rows, trees, self._chunk,
+                                                                    self._new_tokens(), self._depth_cap)
                     depth = max((tree.max_depth for tree in trees), default=0)
                 results = self._verify(trees)
         step_seconds = time.perf_counter() - step_started
@@ -409,7 +433,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         for row in self.rows:
             row.scheduled_expected, row.scheduled_cut = None, 0
         if self.scheduling:
-            return self._plan_draft_depths()
+            return self.confidence.plan(self.rows, self.draft_rows, self._chunk, self._new_tokens(),
+                                        self._depth_cap, lambda row: self._row_depth(row, 0))
         outlooks = []
         others = 0
         width = 1
@@ -449,8 +474,17 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
             # rows' (every row is padded to the widest), and the step yields its token anyway
             return 0
         if self.scheduling:
-            return self._scheduled_depth(row)
+            return self.confidence.depth(row)
         return max(0, min(policy_depth, self._depth_cap(row)))
+
+    def _new_tokens(self) -> list[int]:
+        """How many context tokens each row feeds the target this step (`_context_new`)."""
+        return [len(self._context_new(row)) for row in self.rows]
+
+    def _extend_chains(self, rows: list[BatchRow], indices: list[int]) -> list[int]:
+        """The `indices` of the draft_model chains worth the next shared draft forward
+        (chain_drafting.py asks; the confidence scheduler decides)."""
+        return self.confidence.extend_chains(rows, indices)
 
     # -- drafting -------------------------------------------------------------------------
 
@@ -467,7 +501,7 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         if self.dspark is not None:
             trees.update(self._draft_feature_rows(wanted))
         for row, depth in zip(self.rows, depths):
-            if id(row) not in self._scheduled_ids or not self.scheduling:
+            if not (self.scheduling and self.confidence.scheduled(row)):
                 # a scheduled row's choice is the length verified (scheduling.py)
                 row.depth_choices[depth] = row.depth_choices.get(depth, 0) + 1
             if id(row) in trees or row.drafter is None or depth == 0:

@@ -1,10 +1,11 @@
 """Verification for every row of a batch: one target forward, a verdict per row, the row advanced.
 
 A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the target's ragged
-cache (`target_cache`, row i is `rows[i]`), the step's prompt chunk, `_log_forward` and
-`_event`. Each row feeds its new context tokens (a prompt chunk, or its pending token) and its
-draft tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its accepted
-path, and the rejected nodes become holes in the cache.
+cache (`target_cache`, row i is `rows[i]`), the step's prompt chunk, `_log_forward`, `_event`
+and the confidence scheduler (`confidence`, scheduling.py), which learns from each verdict.
+Each row feeds its new context tokens (a prompt chunk, or its pending token) and its draft
+tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its accepted path,
+and the rejected nodes become holes in the cache.
 
 A constrained row (structured output, constraints/) verifies the grammar's forced tokens
 instead of its draft when there are any (then they are free: always accepted), loses the draft
@@ -148,7 +149,7 @@ class RowVerification:
             row.schedule.update(tree.max_depth, accepted)
             self.policy.observe_acceptance(row.drafter_kind, tree.max_depth, accepted,
                                            sampled=row.sampling is not None)
-        self._observe_schedule(row, tree, accepted)
+        self.confidence.observe(row, tree, accepted)  # a scheduled row's calibration and stats
         stats = row.stats
         stats.record_step(len(tree), tree.max_depth, accepted)
         stats.new_tokens = len(row.generated)
