@@ -1,7 +1,7 @@
 """How deep rows draft under confidence scheduling: as deep as a position pays for its drafting.
 
 A draft-model chain's every extra position costs a shared draft forward; the engine runs one
-only for the chains whose next position is worth it (scheduling.py `_extend_chains`, and
+only for the chains whose next position is worth it (`ConfidenceScheduler.extend_chains` (scheduling.py), and
 before the first forward `_worth_a_draft_forward`). With a draft as dear as the target nothing
 is worth a draft forward (only the periodic exploration drafts); with a cheap draft that agrees
 with its target, chains run deep. The costs here are formulas, not timings, so the outcome does
