@@ -42,7 +42,10 @@ def _windowed() -> torch.nn.Module:
     return MistralForCausalLM._from_config(config, attn_implementation="sdpa").to(torch.float64).eval()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral-window"])
+# llama is not among them: the module fixture below builds both of its packages (an export with
+# these Dims, which raises when a graph breaks or a declared dynamic size specialises), and its
+# tests fail unless they served compiled at several rows, new-token counts and cache widths.
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "mistral-window"])
 @pytest.mark.parametrize("kind", [LOGITS_ALL, LOGITS_LAST])
 def test_every_static_family_exports_whole_without_a_graph_break(family, kind):
     """`torch.export` has no fallback: a graph break, or Python deciding from a tensor's value,
