@@ -7,6 +7,11 @@
 * ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards;
 * ``verification``: every row verified in one target forward;
 * ``prefill``: the prefill lane (a newcomer's prompt in forwards of its own) and the modes;
+* ``kv_manager``: a target and a draft cache with the rows each holds (`KVManager`, a component
+  the engine holds twice: the batch's and the prefill lane's); adding, adopting and releasing
+  rows keeps each cache and its rows in step;
+* ``prefix_reuse``: the prefix part of the KV manager (`PrefixReuse`, a component the engine
+  holds): newcomers adopt cached prefixes, rows offer what they computed;
 * ``fair_admission``: the engine's scheduler of rows (`RowScheduler`, a component it holds):
   the waiting rows, which is admitted next across fair groups (tenants), and which row a full
   batch preempts for a group under its share;

@@ -1,11 +1,12 @@
 """Chain drafting for the `draft_model` rows of a batch: every row's chain in shared draft forwards.
 
 A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the draft's ragged
-cache (`draft_cache`, row i is `draft_rows[i]`), the step's prompt chunk, the vocabulary widths
-and the policy that is told each forward's cost. Each draft forward feeds every row that still
-drafts one token (the first one also brings the row's draft cache up to its context), so
-rows that stop early (a confidence threshold, their depth, or, under confidence scheduling,
-a next position not worth its share of a forward: `_extend_chains`) leave the others going.
+cache (`draft_cache`, row i is `draft_rows[i]`; both held by `kv`, kv_manager.py), the step's
+prompt chunk, the vocabulary widths and the policy that is told each forward's cost. Each draft
+forward feeds every row that still drafts one token (the first one also brings the row's draft
+cache up to its context), so rows that stop early (a confidence threshold, their depth, or, under
+confidence scheduling, a next position not worth its share of a forward: `_extend_chains`) leave
+the others going.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from inference.engine.batch.confidence_schedule import Schedule
 from inference.engine.batch.device_step import DeviceStep
 from inference.engine.batch.fair_admission import RowScheduler
 from inference.engine.batch.feature_rows import FeatureRows, reads_features
+from inference.engine.batch.kv_manager import Cache, KVManager
 from inference.engine.batch.policy import RowOutlook, SpeculationPolicy
 from inference.engine.batch.prefill import PREFILL_MODES, PREFILL_SEPARATE, PrefillLane, default_prefill_mode
 from inference.engine.batch.prefix_reuse import PrefixReuse
@@ -105,10 +106,12 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
     admission alone is fair.
 
     Components it holds, each with no reference back to it: `runners` (the compiled model
-    runners, runners.py), `prefixes` (prefix_reuse.py), `scheduler` (the rows' admission and
-    preemption, fair_admission.py) and `confidence` (confidence-scheduled verification,
-    scheduling.py). Drafting, verification, the device step, the prefill lane and the DSpark
-    rows are still mixins over the engine's rows and caches.
+    runners, runners.py), `kv` and `lane_kv` (the batch's and the prefill lane's target and
+    draft caches with the rows each holds, kv_manager.py), `prefixes` (prefix_reuse.py),
+    `scheduler` (the rows' admission and preemption, fair_admission.py) and `confidence`
+    (confidence-scheduled verification, scheduling.py). `rows`, `draft_rows`, `target_cache`
+    and `draft_cache` read `kv`. Drafting, verification, the device step, the prefill lane and
+    the DSpark rows are still mixins over those rows and caches.
     """
 
     def __init__(
@@ -162,8 +165,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
                                           max_rows=max_rows, max_tokens=max(self.solo_prefill_chunk, MAX_VERIFY_WIDTH),
                                           taps=dspark.dspark.target_layer_ids if dspark is not None else (),
                                           dspark=dspark)
-        self.target_cache = self.runners.new_cache(target, pack_linear)
-        self.draft_cache = self.runners.new_cache(draft, pack_linear) if draft is not None else None
+        # the batch's caches and the rows each holds (kv_manager.py)
+        self.kv = KVManager(self.runners.new_cache(target, pack_linear),
+                            self.runners.new_cache(draft, pack_linear) if draft is not None else None)
         if self.runners.target is not None:  # the rows the pool holds (its memory budget)
             self.max_rows = min(self.max_rows, self.runners.target.pool_rows)
         if self.policy.enabled and not self.policy.target_costs.observations:
@@ -171,8 +175,6 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
             # policy handed in already measured keeps its own)
             self._profile_costs()
         self._runner_loads = self.runners.loads()
-        self.rows: list[BatchRow] = []  # target cache row i is rows[i]
-        self.draft_rows: list[BatchRow] = []  # draft cache row i is draft_rows[i]
         self._init_prefill_lane()
         # the prefix cache and this engine's namespace in it: which newcomers adopt, which rows offer
         self.prefixes = PrefixReuse(prefix_cache, prefix_namespace if prefix_namespace is not None else id(self))
@@ -186,6 +188,26 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it
         self.forward_log: list[tuple[str, int, int, float]] = []  # kinds: see _log_forward
+
+    @property
+    def rows(self) -> list[BatchRow]:
+        """The batch's rows, in target cache row order (`kv.rows`)."""
+        return self.kv.rows
+
+    @property
+    def draft_rows(self) -> list[BatchRow]:
+        """The batch's `draft_model` rows, in draft cache row order (`kv.draft_rows`)."""
+        return self.kv.draft_rows
+
+    @property
+    def target_cache(self) -> Cache:
+        """The target's cache of the batch's rows (`kv.target`)."""
+        return self.kv.target
+
+    @property
+    def draft_cache(self) -> Cache | None:
+        """The draft's cache of the batch's draft_model rows (`kv.draft`); None without a draft model."""
+        return self.kv.draft
 
     @property
     def scheduling(self) -> bool:
@@ -307,23 +329,14 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         if self.prefill == PREFILL_SEPARATE:
             self._enter_lane(row)
         else:
-            self._add_decoding_row(row, None)
+            self._add_decoding_row(row)
 
-    def _add_decoding_row(self, row: BatchRow, lane_index: tuple[int, int | None] | None) -> None:
-        """Give the row a row of the batch's caches: empty, or its prefilled one from the lane
-        (lane_index: its target and draft cache rows there)."""
-        drafts = row.drafter_kind == "draft_model"
-        if lane_index is None:
-            # a newcomer of the shared mode (or one with nothing to prefill): a cached prefix
-            self.prefixes.open_rows(row, self.target_cache, self.draft_cache if drafts else None,
-                                    row.prefill_length)
-        else:
-            self.target_cache.adopt_row(self.lane_target_cache, lane_index[0])
-            if drafts:
-                self.draft_cache.adopt_row(self.lane_draft_cache, lane_index[1])
-        self.rows.append(row)
-        if drafts:
-            self.draft_rows.append(row)
+    def _add_decoding_row(self, row: BatchRow) -> None:
+        """Give a newcomer of the shared mode (or one with nothing to prefill) its rows of the
+        batch's caches, starting with the longest cached prefix of its context (prefix_reuse.py);
+        a row prefilled in the lane adopts its lane rows instead (prefill.py)."""
+        self.kv.add(row, row.drafter_kind == "draft_model",
+                    lambda target, draft: self.prefixes.open_rows(row, target, draft, row.prefill_length))
 
     def _preempt(self, row: BatchRow) -> None:
         """Take a row the scheduler preempted (it is back at the head of its group's queue) out of
@@ -395,10 +408,9 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self._leave([row for row in self.rows + self.lane_rows if row.finish_reason is not None])
         self._move_ready_rows()  # they decode from the next step on
         if self.prefill != PREFILL_SEPARATE:  # the shared mode's rows whose prompt is now cached
-            self.prefixes.offer_prefilled_prompts(self.rows, self.target_cache, self.draft_rows, self.draft_cache)
-        self.target_cache.maybe_compact()
-        if self.draft_cache is not None and self.draft_rows:
-            self.draft_cache.maybe_compact()
+            kv = self.kv
+            self.prefixes.offer_prefilled_prompts(kv.rows, kv.target, kv.draft_rows, kv.draft)
+        self.kv.maybe_compact()
         self.scheduler.forget_idle(self.rows + self.lane_rows)
         self.steps += 1
         return events
@@ -541,20 +553,13 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         leaving = {id(row) for row in rows}
         if not leaving:
             return
+        lane, kv = self.lane_kv, self.kv
         # a preempted newcomer's prompt so far
-        self.prefixes.offer_rows(self.lane_rows, self.lane_target_cache, self.lane_draft_rows, self.lane_draft_cache,
+        self.prefixes.offer_rows(lane.rows, lane.target, lane.draft_rows, lane.draft,
                                  lambda row: id(row) in leaving and row.prefilled and row.finish_reason is None)
-        self._leave_lane([row for row in self.lane_rows if id(row) in leaving])
-        self.prefixes.offer_rows(self.rows, self.target_cache, self.draft_rows, self.draft_cache,
-                                 lambda row: id(row) in leaving)
-        keep = [index for index, row in enumerate(self.rows) if id(row) not in leaving]
-        self.target_cache.keep_rows(keep)
-        self.rows = [self.rows[index] for index in keep]
-        if self.draft_cache is not None:
-            keep = [index for index, row in enumerate(self.draft_rows) if id(row) not in leaving]
-            if len(keep) != len(self.draft_rows):
-                self.draft_cache.keep_rows(keep)
-                self.draft_rows = [self.draft_rows[index] for index in keep]
+        lane.release(rows)
+        self.prefixes.offer_rows(kv.rows, kv.target, kv.draft_rows, kv.draft, lambda row: id(row) in leaving)
+        kv.release(rows)
 
     # -- convenience -------------------------------------------------------------------------
 

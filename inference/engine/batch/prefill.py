@@ -13,14 +13,16 @@ A seeded sampled row leaves its last prompt token pending and drafts on its firs
 step, as it does alone, so its tokens do not depend on the mode. On a GPU padding is nearly free and one shared forward costs less than
 two, so the shared mode (the newcomer's chunk in the decoding rows' forward) is its default.
 
-A mixin of `BatchedSpeculativeEngine` (engine.py), which owns the main caches, the rows and
-`_log_forward`.
+A mixin of `BatchedSpeculativeEngine` (engine.py), which owns the batch's caches and rows
+(`kv`) and `_log_forward`. The lane's caches and rows are a `KVManager` of their own
+(`lane_kv`, kv_manager.py).
 """
 
 from __future__ import annotations
 
 import time
 
+from inference.engine.batch.kv_manager import Cache, KVManager
 from inference.engine.batch.rows import FINISH_ERROR, BatchRow, RowEvent
 from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.outputs import StepOutput
@@ -40,25 +42,41 @@ class PrefillLane:
     """The prefill lane of the engine's separate mode (see the module docstring)."""
 
     def _init_prefill_lane(self) -> None:
-        self.lane_rows: list[BatchRow] = []  # lane target cache row i is lane_rows[i]
-        self.lane_draft_rows: list[BatchRow] = []  # lane draft cache row i is lane_draft_rows[i]
-        self.lane_target_cache = self.runners.new_cache(self.target, self.pack_linear)
-        self.lane_draft_cache = self.runners.new_cache(self.draft, self.pack_linear) if self.draft is not None else None
+        # the lane's caches and the rows each holds (kv_manager.py)
+        target = self.runners.new_cache(self.target, self.pack_linear)
+        draft = self.runners.new_cache(self.draft, self.pack_linear) if self.draft is not None else None
+        self.lane_kv = KVManager(target, draft)
         self._lane_ready: list[BatchRow] = []  # this step's rows whose prompt is cached
+
+    @property
+    def lane_rows(self) -> list[BatchRow]:
+        """The lane's rows, in its target cache row order (`lane_kv.rows`)."""
+        return self.lane_kv.rows
+
+    @property
+    def lane_draft_rows(self) -> list[BatchRow]:
+        """The lane's `draft_model` rows, in its draft cache row order (`lane_kv.draft_rows`)."""
+        return self.lane_kv.draft_rows
+
+    @property
+    def lane_target_cache(self) -> Cache:
+        """The target's cache of the lane's rows (`lane_kv.target`)."""
+        return self.lane_kv.target
+
+    @property
+    def lane_draft_cache(self) -> Cache | None:
+        """The draft's cache of the lane's draft_model rows (`lane_kv.draft`); None without a draft model."""
+        return self.lane_kv.draft
 
     def _enter_lane(self, row: BatchRow) -> None:
         """A newcomer of the separate mode: into the lane, or straight in when nothing is to cache."""
         if row.prefill_length == 0 or (row.own_schedule and row.prompt_length == 1):
             row.prefilled = row.prompt_length  # its one token is the pending one
-            self._add_decoding_row(row, None)
+            self._add_decoding_row(row)
             return
-        drafts = row.drafter_kind == "draft_model"
         # its rows start with the longest cached prefix of its context (prefix_reuse.py)
-        self.prefixes.open_rows(row, self.lane_target_cache, self.lane_draft_cache if drafts else None,
-                                self._lane_length(row))
-        self.lane_rows.append(row)
-        if drafts:
-            self.lane_draft_rows.append(row)
+        self.lane_kv.add(row, row.drafter_kind == "draft_model",
+                         lambda target, draft: self.prefixes.open_rows(row, target, draft, self._lane_length(row)))
 
     @staticmethod
     def _lane_length(row: BatchRow) -> int:
@@ -123,25 +141,12 @@ class PrefillLane:
 
     def _move_ready_rows(self) -> None:
         """Move the rows whose prompt is cached from the lane into the batch's caches."""
-        ready = [row for row in self._lane_ready if row in self.lane_rows]  # not those that ended
+        lane = self.lane_kv
+        ready = [row for row in self._lane_ready if lane.index(row) is not None]  # not those that ended
         for row in ready:
-            draft_index = self.lane_draft_rows.index(row) if row.drafter_kind == "draft_model" else None
             # its prompt, for the sessions that share it (prefix_reuse.py)
-            self.prefixes.offer(row, self.lane_target_cache, self.lane_rows.index(row), self.lane_draft_cache,
-                                draft_index)
-            self._add_decoding_row(row, (self.lane_rows.index(row), draft_index))
-        self._leave_lane(ready)
+            self.prefixes.offer(row, lane.target, lane.index(row), lane.draft, lane.draft_index(row))
+            self.kv.adopt(row, lane)  # its keys and values move into the batch's caches
+        lane.release(ready)
         self._lane_ready = []
-        self.lane_target_cache.maybe_compact()
-
-    def _leave_lane(self, rows: list[BatchRow]) -> None:
-        """Drop `rows` from the lane (moved into the batch, cancelled or timed out)."""
-        leaving = {id(row) for row in rows}
-        keep = [index for index, row in enumerate(self.lane_rows) if id(row) not in leaving]
-        if len(keep) != len(self.lane_rows):
-            self.lane_target_cache.keep_rows(keep)
-            self.lane_rows = [self.lane_rows[index] for index in keep]
-        keep = [index for index, row in enumerate(self.lane_draft_rows) if id(row) not in leaving]
-        if len(keep) != len(self.lane_draft_rows):
-            self.lane_draft_cache.keep_rows(keep)
-            self.lane_draft_rows = [self.lane_draft_rows[index] for index in keep]
+        lane.target.maybe_compact()

@@ -1,11 +1,11 @@
 """Verification for every row of a batch: one target forward, a verdict per row, the row advanced.
 
 A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the target's ragged
-cache (`target_cache`, row i is `rows[i]`), the step's prompt chunk, `_log_forward`, `_event`
-and the confidence scheduler (`confidence`, scheduling.py), which learns from each verdict.
-Each row feeds its new context tokens (a prompt chunk, or its pending token) and its draft
-tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its accepted path,
-and the rejected nodes become holes in the cache.
+cache (`target_cache`, row i is `rows[i]`; both held by `kv`, kv_manager.py), the step's prompt
+chunk, `_log_forward`, `_event` and the confidence scheduler (`confidence`, scheduling.py), which
+learns from each verdict. Each row feeds its new context tokens (a prompt chunk, or its pending
+token) and its draft tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its
+accepted path, and the rejected nodes become holes in the cache.
 
 A constrained row (structured output, constraints/) verifies the grammar's forced tokens
 instead of its draft when there are any (then they are free: always accepted), loses the draft
