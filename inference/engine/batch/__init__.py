@@ -5,7 +5,11 @@
 * ``rows``: what a request asks (`BatchRequest`), what a step reports (`RowEvent`, `StepTiming`),
   and a row's state;
 * ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards;
-* ``verification``: every row verified in one target forward;
+* ``verification``: every row verified in one target forward, its accepted tokens committed;
+* ``verifier``: the verifier/sampler (`RowVerifier`, a component the engine holds): a forward's
+  logits and each row's draft in, verdicts out (greedy, the rejection rule with the row's
+  generator, grammar masks), for the host path and the one-read device step
+  (``device_step``) alike;
 * ``prefill``: the prefill lane (a newcomer's prompt in forwards of its own) and the modes;
 * ``kv_manager``: a target and a draft cache with the rows each holds (`KVManager`, a component
   the engine holds twice: the batch's and the prefill lane's); adding, adopting and releasing

@@ -15,8 +15,8 @@ runs on the device instead:
    exactly as the draft model drafter draws it alone: argmax, or a sample from the warped q with
    the row's generator);
 3. one target forward verifies every row (the input ids assembled on the device);
-4. the verdicts (chain_verify.py: greedy for all greedy rows in a few batched operations, the
-   rejection rule per sampled row) stay on the device;
+4. the verdicts (the verifier's `chain_verdicts`, verifier.py: greedy for all greedy rows in a
+   few batched operations, the rejection rule per sampled row) stay on the device;
 5. one read brings back, per row, the accepted count, the next token and the drafted tokens
    with their scores; the trees, stops and stats are then made on the host as on the host path.
 
@@ -33,7 +33,6 @@ from dataclasses import dataclass
 import torch
 
 from inference.engine.batch.rows import BatchRow
-from inference.engine.decode.chain_verify import greedy_chain_verdict, sampled_chain_verdict
 from inference.engine.decode.decoder import reseed_at
 from inference.engine.decode.draft_tree import DraftTree
 from inference.engine.decode.sampling import warp_probs
@@ -221,39 +220,20 @@ class DeviceStep:
         rows = self.rows
         drafts = torch.zeros(len(rows), deepest, dtype=torch.long, device=device)
         scores = torch.zeros(len(rows), deepest, dtype=torch.float64, device=device)
+        draft_probs: list[torch.Tensor | None] = []
         for index, row in enumerate(rows):
+            chain = chains.get(id(row))
+            draft_probs.append(chain.draft_probs if chain is not None else None)
             if not lengths[index]:
                 continue
-            chain = chains.get(id(row))
             if chain is not None:
                 drafts[index, :lengths[index]] = chain.tokens
                 scores[index, :lengths[index]] = chain.log_probs.to(torch.float64)
             else:
                 drafts[index, :lengths[index]] = torch.tensor(host_trees[id(row)].token_ids, device=device)
-        verdict = torch.zeros(len(rows), 2, dtype=torch.long, device=device)
-        greedy = [index for index, row in enumerate(rows) if row.sampling is None]
-        if greedy:
-            # the target's argmax after the last context token and each drafted one, per greedy row
-            offsets = torch.tensor([news[index] - 1 for index in greedy], device=device)
-            columns = (offsets[:, None] + torch.arange(deepest + 1, device=device)[None]).clamp(max=logits.shape[1] - 1)
-            rows_index = torch.tensor(greedy, device=device)
-            target = logits[rows_index].argmax(dim=-1).gather(1, columns)  # [greedy, deepest + 1]
-            valid = torch.arange(deepest, device=device)[None] < torch.tensor([lengths[i] for i in greedy],
-                                                                             device=device)[:, None]
-            matched = ((drafts[rows_index] == target[:, :deepest]) & valid).to(torch.long)
-            accepted = matched.cumprod(dim=1).sum(dim=1)
-            verdict[rows_index] = torch.stack((accepted, target.gather(1, accepted[:, None])[:, 0]), dim=1)
-        for index, row in enumerate(rows):
-            if row.sampling is None:
-                continue
-            length, new = lengths[index], news[index]
-            row_logits = logits[index, new - 1:new + length]
-            if row_logits.dtype not in (torch.float32, torch.float64):
-                row_logits = row_logits.float()
-            chain = chains.get(id(row))
-            probs = chain.draft_probs if chain is not None else None
-            verdict[index] = sampled_chain_verdict(drafts[index, :length], warp_probs(row_logits, row.sampling),
-                                                   probs, row.generator)
+        # each row's verdict logits start after its last context token
+        starts = [new - 1 for new in news]
+        verdict = self.verifier.chain_verdicts(rows, logits, starts, lengths, drafts, draft_probs)
         return torch.cat((verdict.to(torch.float64), drafts.to(torch.float64), scores), dim=1)
 
 

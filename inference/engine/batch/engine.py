@@ -23,8 +23,8 @@
    newcomer feeds the next chunk of its prompt in that forward. Either way a newcomer takes at
    most `prefill_chunk` prompt tokens a step beside decoding rows, so a long prompt never
    stalls them, and `solo_prefill_chunk` when no row decodes;
-5. keeps each row's accepted path (rejected nodes become holes) and emits one `RowEvent` per row
-   (verification.py).
+5. judges each row's draft from the forward's logits (the verifier, verifier.py), keeps its
+   accepted path (rejected nodes become holes) and emits one `RowEvent` per row (verification.py).
 
 Invariant between steps, per row: the target cache holds every context token but the last
 (the pending token). Output is exactly what `SpeculativeDecoder` gives alone: the same
@@ -67,6 +67,7 @@ from inference.engine.batch.rows import (
     default_prefill_chunk,
 )
 from inference.engine.batch.verification import RowVerification
+from inference.engine.batch.verifier import RowVerifier
 from inference.engine.constraints.grammar import matcher_for
 from inference.engine.decode.decoder import check_prompt, reseed_at, resolve_eos
 from inference.engine.decode.draft_length import DraftLengthSchedule
@@ -108,10 +109,12 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
     Components it holds, each with no reference back to it: `runners` (the compiled model
     runners, runners.py), `kv` and `lane_kv` (the batch's and the prefill lane's target and
     draft caches with the rows each holds, kv_manager.py), `prefixes` (prefix_reuse.py),
-    `scheduler` (the rows' admission and preemption, fair_admission.py) and `confidence`
-    (confidence-scheduled verification, scheduling.py). `rows`, `draft_rows`, `target_cache`
-    and `draft_cache` read `kv`. Drafting, verification, the device step, the prefill lane and
-    the DSpark rows are still mixins over those rows and caches.
+    `scheduler` (the rows' admission and preemption, fair_admission.py), `confidence`
+    (confidence-scheduled verification, scheduling.py) and `verifier` (the verifier/sampler:
+    logits and drafts in, verdicts out, on the host and device paths alike; verifier.py).
+    `rows`, `draft_rows`, `target_cache` and `draft_cache` read `kv`. Drafting, the
+    verification and device-step forwards with what they commit to the rows, the prefill lane
+    and the DSpark rows are still mixins over those rows and caches.
     """
 
     def __init__(
@@ -184,6 +187,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self.last_decision = None
         # each step's per-row draft depths and verification lengths (scheduling.py)
         self.confidence = ConfidenceScheduler(self.policy, pack_linear)
+        # each row's verdict from a forward's logits: greedy, the rejection rule, grammar masks
+        self.verifier = RowVerifier()
         self.tree_calibrations = TreeCalibrations()  # what tree drafters learn, kept across requests
         self.last_step_timing: StepTiming | None = None  # None: the last step ran no forward
         # (kind, rows, tokens per row, seconds) of each forward since the caller last cleared it

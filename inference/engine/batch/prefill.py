@@ -132,7 +132,7 @@ class PrefillLane:
             tree = DraftTree.empty()
             row.depth_choices[0] = row.depth_choices.get(0, 0) + 1  # a step of its own, undrafted
             try:
-                result = self._verdict(row, tree, logits[index])
+                result = self.verifier.verdict(row, tree, logits[index])
             except Exception as error:  # a row's own failure ends that row, not the batch
                 row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
                 result = None

@@ -1,15 +1,16 @@
 """Verification for every row of a batch: one target forward, a verdict per row, the row advanced.
 
-A mixin of `BatchedSpeculativeEngine` (engine.py), which owns what it uses: the target's ragged
-cache (`target_cache`, row i is `rows[i]`; both held by `kv`, kv_manager.py), the step's prompt
-chunk, `_log_forward`, `_event` and the confidence scheduler (`confidence`, scheduling.py), which
-learns from each verdict. Each row feeds its new context tokens (a prompt chunk, or its pending
-token) and its draft tree; the verifier (greedy, or the rejection rule for sampled rows) keeps its
-accepted path, and the rejected nodes become holes in the cache.
+A mixin of `BatchedSpeculativeEngine` (engine.py): the step's forward and what it commits, over
+what the engine owns: the target's ragged cache (`target_cache`, row i is `rows[i]`; both held
+by `kv`, kv_manager.py), the step's prompt chunk, `_log_forward`, `_event` and the confidence
+scheduler (`confidence`, scheduling.py), which learns from each verdict. Each row feeds its new
+context tokens (a prompt chunk, or its pending token) and its draft tree; the verifier
+(`verifier`, verifier.py: greedy, or the rejection rule for sampled rows, under the row's
+grammar) judges each row from the forward's logits, the row keeps its accepted path, and the
+rejected nodes become holes in the cache.
 
-A constrained row (structured output, constraints/) verifies the grammar's forced tokens
-instead of its draft when there are any (then they are free: always accepted), loses the draft
-nodes the grammar forbids, and has its logits masked to the grammar at every node.
+The forward stays here, not in the verifier: which cache it runs on, the DSpark rows' feature
+tap around it and the cost model it feeds are the engine's, and the verifier needs none of them.
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ import time
 import torch
 
 from inference.engine.batch.rows import FINISH_ERROR, BatchRow, RowEvent
-from inference.engine.constraints.masking import mask_logits, prune_forbidden, subtree, with_forced_prefix
 from inference.engine.constraints.matcher import GrammarStateError, commit_step
-from inference.engine.decode.decoder import MAX_FORCED_DRAFT
 from inference.engine.decode.decoder import branches_of
 from inference.engine.decode.draft_tree import DraftTree
-from inference.engine.decode.sampling import warp_probs
-from inference.engine.decode.verify import VerifyResult, verify_greedy, verify_sampling
+from inference.engine.decode.verify import VerifyResult
 from inference.engine.kv.ragged import RowInput
 from inference.engine.outputs import StepOutput
 
@@ -38,19 +36,15 @@ class RowVerification:
         return row.context[row.cached:row.chunk_end(self._chunk)]
 
     def _constrain(self, row: BatchRow, tree: DraftTree) -> tuple[DraftTree, torch.Tensor | None]:
-        """A constrained row's tree to verify (forced tokens, or the draft less what the grammar
-        forbids) and its masks [1 + nodes, vocab_size]; an unconstrained row's tree and None."""
+        """A constrained row's tree to verify and its masks [1 + nodes, vocab_size] (the verifier's
+        `constrain`); an unconstrained row's tree and None."""
         row.forced_step = False
         if row.matcher is None or not row.can_draft(self._chunk):
             return tree, None  # no verdict this step without the whole context in the forward
-        forced = row.matcher.forced_tokens(min(row.room, MAX_FORCED_DRAFT))
-        if forced:
-            tree, row.forced_step, row.scheduled_expected = with_forced_prefix(forced, DraftTree.empty()), True, None
-        allowed, valid = row.matcher.masks_along(tree)
-        kept = prune_forbidden(tree, valid)
-        if len(kept) < len(tree):
-            tree, allowed = subtree(tree, kept), allowed[[0] + [node + 1 for node in kept]]
-        return tree, allowed
+        constrained = self.verifier.constrain(row.matcher, tree, row.room)
+        if constrained.forced:  # forced tokens, not the drafter's: always accepted, not scheduled
+            row.forced_step, row.scheduled_expected = True, None
+        return constrained.tree, constrained.allowed
 
     def _verify(self, trees: list[DraftTree]) -> list[VerifyResult | None]:
         """One target forward for every row; the verdict per row (None: a prefill chunk).
@@ -94,7 +88,9 @@ class RowVerification:
             # [1 + nodes, vocab]: after the last context token, then after each node
             row_logits = row_logits[new - 1:]
             try:
-                result = self._verdict(row, tree, row_logits, masks[index])
+                if isinstance(masks[index], Exception):  # its grammar failed before the forward
+                    raise masks[index]
+                result = self.verifier.verdict(row, tree, row_logits, masks[index])
             except Exception as error:  # a row's own failure ends that row, not the batch
                 row.finish_reason, row.error = FINISH_ERROR, f"{type(error).__name__}: {error}"
                 results.append(None)
@@ -108,28 +104,6 @@ class RowVerification:
             results.append(result)
         self._hand_over(tap, self.rows, inputs, committed)
         return results
-
-    def _verdict(
-        self,
-        row: BatchRow,
-        tree: DraftTree,
-        # [1 + nodes, vocab_size]
-        logits: torch.Tensor,
-        # [1 + nodes, vocab_size] bool, a constrained row's masks (None: computed here), or the
-        # error its grammar raised before the forward
-        allowed: torch.Tensor | Exception | None = None,
-    ) -> VerifyResult:
-        if isinstance(allowed, Exception):
-            raise allowed
-        if row.matcher is not None:  # the prefill lane's first token too
-            if allowed is None:
-                allowed = row.matcher.masks_along(tree)[0]
-            logits = mask_logits(logits, allowed)
-        if row.sampling is None:
-            return verify_greedy(tree, logits.argmax(dim=-1).tolist())
-        if logits.dtype not in (torch.float32, torch.float64):
-            logits = logits.float()
-        return verify_sampling(tree, warp_probs(logits, row.sampling), row.generator)
 
     def _advance(self, row: BatchRow, tree: DraftTree, result: VerifyResult | None, step_seconds: float,
                  draft_seconds: float) -> RowEvent:
