@@ -35,13 +35,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from inference import version_files
-from inference.api.serializers import GenerationRequestSerializer
-from inference.engine.drafters.kinds import DRAFTERS
-from inference.tokenizers import tokenizer_for
 from inference.models import CanaryMismatch
 from metadata.models import ModelVersion, VersionStatus
-from inference.registry import DeviceNotServed, promote_version
-from inference.variant_registry import VariantBuildError, build_variant
 from metadata.admin_filters import choices_filter
 from metadata.admin_tenancy import restrict
 from metadata.models import Session
@@ -55,12 +50,20 @@ logger = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------- sessions
 
 
+def _drafter_kinds() -> list[str]:
+    from inference.engine.drafters.kinds import DRAFTERS
+
+    return list(DRAFTERS)
+
+
 class RerunError(Exception):
     """The session cannot be submitted again (its model is gone, its parameters are refused)."""
 
 
 def rerun(session: Session, user) -> Session:
     """Submit a new session with ``session``'s prompt and parameters, for its tenant."""
+    from inference.api.serializers import GenerationRequestSerializer
+
     data = {"prompt": session.prompt, "model": session.target.name, "drafter": session.drafter,
             **{k: v for k, v in (session.params or {}).items() if v is not None}}
     serializer = GenerationRequestSerializer(data=data)
@@ -72,6 +75,8 @@ def rerun(session: Session, user) -> Session:
 
 def tokenizer_decoder(session: Session):
     """Decode draft token ids with the target's tokenizer (the session's own pieces if it won't load)."""
+    from inference.tokenizers import tokenizer_for
+
     try:
         tokenizer = tokenizer_for(str(session.target.directory))
     except Exception:
@@ -104,7 +109,7 @@ admin.site.unregister(Session)
 @admin.register(Session)
 class SessionAdmin(sessions_admin.SessionAdmin):
     actions = ["cancel", "rerun_selected"]
-    list_filter = (*sessions_admin.SessionAdmin.list_filter, choices_filter("drafter", lambda: list(DRAFTERS)),
+    list_filter = (*sessions_admin.SessionAdmin.list_filter, choices_filter("drafter", _drafter_kinds),
                    choices_filter("queue", served_queues))
 
     def has_rerun_permission(self, request, obj=None) -> bool:
@@ -240,6 +245,8 @@ class ModelVersionAdmin(admin.ModelAdmin):
         return format_html_join("", "<td>{}</td>", ((cell,) for cell in cells))
 
     def _build(self, request, queryset, kind: str) -> None:
+        from inference.variant_registry import VariantBuildError, build_variant
+
         for version in queryset[:10]:
             try:
                 variant = build_variant(version, kind)
@@ -303,6 +310,8 @@ class ModelVersionAdmin(admin.ModelAdmin):
 
     def _promote(self, request, version: ModelVersion) -> None:
         """Promote in a transaction of its own (the row locks need one) once a worker serves its device."""
+        from inference.registry import DeviceNotServed, promote_version
+
         try:
             replaced = promote_version(version)
         except DeviceNotServed as exc:

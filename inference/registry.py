@@ -14,18 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from django.db import transaction
-from transformers import AutoConfig
 
 from inference import version_files
 from inference.build_records import BUILDING, STALLED, build_record, build_records
 from inference.conf import conf
-from inference.engine.lm.loading import (
-    ModelLoadError,
-    check_pair_directories,
-    check_servable,
-    model_context_length,
-    load_causal_lm,
-)
 from metadata.models import LoadDtype, ModelRole, ModelVersion, VersionStatus
 
 logger = logging.getLogger(__name__)
@@ -62,6 +54,10 @@ def read_model_facts(directory: Path) -> tuple[int, str]:
     """
     if not (directory / "config.json").is_file():
         raise RegistrationError(f"{directory} is not a model directory (no config.json)")
+    from transformers import AutoConfig
+
+    from inference.engine.lm.loading import ModelLoadError, check_servable, model_context_length
+
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     try:
         attn_implementation = check_servable(config)
@@ -103,6 +99,7 @@ def register_version(name: str, version: str, role: str, directory: Path, device
 def check_dspark_directory(target_dir: Path, dspark_dir: Path) -> None:
     """RegistrationError (one line) unless `dspark_dir` is a DSpark checkpoint that fits the target."""
     from inference.engine.drafters.dspark import DSparkLoadError, load_dspark
+    from inference.engine.lm.loading import ModelLoadError, load_causal_lm
 
     try:
         target = load_causal_lm(target_dir)
@@ -130,6 +127,8 @@ def register_pair(name: str, version: str, target_dir: Path, draft_dir: Path | N
     The draft must share the target's tokenizer and EOS (checked from the directories' tokenizers,
     before anything is written); otherwise a one-line RegistrationError names both directories.
     """
+    from inference.engine.lm.loading import ModelLoadError, check_pair_directories
+
     draft = None
     if draft_dir is not None:
         read_model_facts(target_dir)

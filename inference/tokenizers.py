@@ -4,19 +4,33 @@
 ``tokenizer_of`` is the tokenizer of the version a request is about to use, or a
 ``ModelUnavailable`` (a 503 naming the model in both APIs) when its files are missing or
 transformers cannot read them.
+
+transformers (and torch, which it imports: ~5 s on the 2-core machine) loads with the first
+tokenizer, not with this module, so a process that imports it and never tokenizes does not pay for
+it. The web process loads it before it serves (``load_transformers``, from ``specops/asgi.py``),
+so no request does.
 """
 from __future__ import annotations
 
 from functools import lru_cache
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from inference.served_targets import ModelUnavailable, require_files
 from metadata.models import ModelVersion
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def load_transformers() -> None:
+    """Import transformers now (seconds), so that the first tokenizer loaded does not."""
+    import transformers  # noqa: F401
+
 
 @lru_cache(maxsize=16)
 def tokenizer_for(directory: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from inference.engine.lm.variants.recipes import VARIANT_FILE
+from inference.engine.model_files import VARIANT_FILE
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")

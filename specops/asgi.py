@@ -19,6 +19,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "specops.settings")
 configure_tracing("specops-web")
 django_asgi, django_wsgi = get_asgi_application(), get_wsgi_application()
 from metadata.api.credentials import credentials_valid  # noqa: E402  (needs the apps loaded)
+from django.urls import get_resolver  # noqa: E402
+from inference.tokenizers import load_transformers  # noqa: E402
+
+# Loaded now, not by the first request: every view, and transformers with torch (seconds; a
+# Django start that never tokenizes leaves them out, inference/tokenizers.py). Then frozen below.
+get_resolver().url_patterns
+load_transformers()
 
 # BodyLimit refuses an oversized body at its declared length, or cuts a chunked one off, before
 # Django reads it whole, and reads at most 64 KiB of a request without valid credentials

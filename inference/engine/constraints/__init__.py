@@ -7,6 +7,9 @@
 * ``response_format``: the OpenAI `response_format` object (both APIs take it) as a constraint.
 """
 
+# decode first: its decoder imports ``grammar``, which needs ``matcher``, which needs decode's
+# leaves; loaded from here first, ``matcher`` would be half-built when ``grammar`` asks for it.
+import inference.engine.decode  # noqa: F401
 from inference.engine.constraints.spec import (
     JSON_OBJECT,
     JSON_SCHEMA,

@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+# decode first: its decoder imports ``base``, which needs decode's leaves; loaded from here first,
+# ``base`` would be half-built when the decoder asks for it.
+import inference.engine.decode  # noqa: F401
 from inference.engine.drafters.base import Drafter, DraftRequest, NoDrafter
 from inference.engine.drafters.draft_model import (
     DraftModelDrafter,

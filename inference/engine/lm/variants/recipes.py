@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from inference.engine.errors import EngineError
+from inference.engine.model_files import VARIANT_FILE
 
-VARIANT_FILE = "specops_variant.json"
 VARIANT_KINDS = ("int8", "bf16", "compiled")
 RECIPE_VERSION = 1
 #: Files of a model directory that hold weights (not copied into a weight-less variant).
