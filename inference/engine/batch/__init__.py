@@ -4,7 +4,9 @@
   itself: admission, leaving, choosing the depth, drafting;
 * ``rows``: what a request asks (`BatchRequest`), what a step reports (`RowEvent`, `StepTiming`),
   and a row's state;
-* ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards;
+* ``chain_drafting``: the `draft_model` rows' chains drafted in shared draft forwards
+  (`ChainDrafter`, a component the engine holds: a draft cache, its rows and their depths in,
+  draft trees out; on the host path and the one-read device step's alike);
 * ``verification``: every row verified in one target forward, its accepted tokens committed;
 * ``verifier``: the verifier/sampler (`RowVerifier`, a component the engine holds): a forward's
   logits and each row's draft in, verdicts out (greedy, the rejection rule with the row's

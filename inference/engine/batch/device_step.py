@@ -13,7 +13,7 @@ runs on the device instead:
 2. the `draft_model` rows draft together, one shared draft forward per position, each next
    input the previous forward's draw, still on the device (the drafted token of a row is drawn
    exactly as the draft model drafter draws it alone: argmax, or a sample from the warped q with
-   the row's generator);
+   the row's generator; the chain drafter's `draft_on_device`, chain_drafting.py);
 3. one target forward verifies every row (the input ids assembled on the device);
 4. the verdicts (the verifier's `chain_verdicts`, verifier.py: greedy for all greedy rows in a
    few batched operations, the rejection rule per sampled row) stay on the device;
@@ -28,31 +28,19 @@ does not qualify runs the host path. `host_reads` counts what the step read back
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
-from inference.engine.batch.rows import BatchRow
+from inference.engine.batch.chain_drafting import DeviceChain
 from inference.engine.decode.decoder import reseed_at
 from inference.engine.decode.draft_tree import DraftTree
-from inference.engine.decode.sampling import warp_probs
 from inference.engine.decode.verify import VerifyResult
 from inference.engine.drafters.base import DraftRequest
 from inference.engine.kv.ragged import RowInput
-from inference.engine.lm.modeling import align_vocab
 
 # drafters whose drafts are chains of a length known before drafting (their tokens are the host's
 # for n-gram and suffix, the device's for the draft model)
 DEVICE_CHAIN_DRAFTERS = frozenset({"none", "draft_model", "ngram", "suffix"})
-
-
-@dataclass
-class DeviceChain:
-    """A draft_model row's chain while it is on the device."""
-
-    tokens: torch.Tensor  # [k] int64
-    log_probs: torch.Tensor  # [k] the draft's log-probability of each token
-    draft_probs: torch.Tensor | None  # [k, vocab] (sampled rows), None for greedy
 
 
 class DeviceStep:
@@ -88,75 +76,12 @@ class DeviceStep:
                 host_trees[id(row)] = row.drafter.propose(row.context, DraftRequest(depth, row.sampling, row.generator))
                 self.policy.observe_row_draft(row.drafter_kind, depth, time.perf_counter() - row_started)
         wanted = {id(row): depth for row, depth in zip(self.rows, depths) if row.drafter_kind == "draft_model"}
-        chains = self._draft_chains_on_device(wanted) if any(wanted.values()) else {}
+        chains = (self.chain_drafter.draft_on_device(self.draft_cache, self.draft_rows, wanted, self.device,
+                                                     self._observe_draft)
+                  if any(wanted.values()) else {})
         draft_seconds = time.perf_counter() - started
         trees, results = self._verify_on_device(host_trees, chains)
         return trees, results, draft_seconds
-
-    # -- drafting ---------------------------------------------------------------------------
-
-    def _draft_chains_on_device(self, wanted: dict[int, int]) -> dict[int, DeviceChain]:
-        """The draft_model rows' chains, every drawn token fed to the next shared forward on the device."""
-        cache = self.draft_cache
-        inputs: list[RowInput] = []
-        drafting: list[int] = []
-        for index, row in enumerate(self.draft_rows):
-            depth = wanted.get(id(row), 0)
-            if depth == 0:
-                inputs.append(RowInput([], []))  # the draft catches up when it next drafts
-                continue
-            common = row.draft_synced
-            for token in row.draft_extra:
-                if common < len(row.context) and row.context[common] == token:
-                    common += 1
-                else:
-                    break
-            common = min(common, len(row.context) - 1)  # its last context token's logits are needed
-            cache.truncate_row(index, common)
-            end = len(row.context)
-            inputs.append(RowInput(self._draftable(row.context[common:end]), list(range(common, end))))
-            row.draft_synced, row.draft_extra = end, []
-            drafting.append(index)
-        if not drafting:
-            return {}
-        forward_started = time.perf_counter()
-        logits = cache.forward(inputs)
-        self._observe_draft(inputs, forward_started)
-        # [rows, vocab] each drafting row's logits for its next position
-        current = {index: align_vocab(logits[index][-1:], self.vocab_width)[0] for index in drafting}
-        drawn: dict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]] = {i: [] for i in drafting}
-        deepest = max(wanted[id(self.draft_rows[index])] for index in drafting)
-        for position in range(deepest):
-            feeding = []
-            for index in drafting:
-                row = self.draft_rows[index]
-                if position >= wanted[id(row)]:
-                    continue
-                drawn[index].append(_draw(row, current[index]))
-                if position + 1 < wanted[id(row)]:
-                    feeding.append(index)
-            if not feeding:
-                break
-            steps = [RowInput([], []) for _ in self.draft_rows]
-            for index in feeding:
-                at = len(self.draft_rows[index].context) + position
-                steps[index] = RowInput([0], [at])  # the id comes from `ids`, on the device
-            ids = torch.zeros(len(self.draft_rows), 1, dtype=torch.long, device=self.device)
-            feed_index = torch.tensor(feeding, dtype=torch.long, device=ids.device)
-            ids[feed_index, 0] = torch.stack([drawn[index][-1][0] for index in feeding])
-            forward_started = time.perf_counter()
-            logits = cache.forward(steps, device_ids=ids)
-            self._observe_draft(steps, forward_started)
-            for index in feeding:
-                current[index] = align_vocab(logits[index], self.vocab_width)[0]
-        chains = {}
-        for index in drafting:
-            row = self.draft_rows[index]
-            tokens = torch.stack([token for token, _, _ in drawn[index]])
-            scores = torch.stack([score for _, score, _ in drawn[index]])
-            probs = torch.stack([q for _, _, q in drawn[index]]) if row.sampling is not None else None
-            chains[id(row)] = DeviceChain(tokens, scores, probs)
-        return chains
 
     # -- verifying --------------------------------------------------------------------------
 
@@ -235,13 +160,3 @@ class DeviceStep:
         starts = [new - 1 for new in news]
         verdict = self.verifier.chain_verdicts(rows, logits, starts, lengths, drafts, draft_probs)
         return torch.cat((verdict.to(torch.float64), drafts.to(torch.float64), scores), dim=1)
-
-
-def _draw(row: BatchRow, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(token, its draft log-probability, q) drawn as the draft model drafter draws it, on the device."""
-    if row.sampling is None:
-        best, token = logits.log_softmax(dim=-1).max(dim=-1)
-        return token, best, None
-    q = warp_probs(logits[None], row.sampling)[0]
-    token = torch.multinomial(q, 1, generator=row.generator)[0]
-    return token, q[token].log(), q

@@ -13,8 +13,8 @@
    from a table of forwards profiled when the engine is built (profiling.py), so the first
    request's steps draft where drafting pays;
 3. drafts: rows with the `draft_model` drafter share each draft-model forward (one ragged batch
-   over the draft's KV cache, chain_drafting.py); `tree`, `ngram` and `suffix` rows draft with
-   their own drafters;
+   over the draft's KV cache: the chain drafter, chain_drafting.py); `tree`, `ngram` and
+   `suffix` rows draft with their own drafters;
 4. with confidence scheduling, cuts each row's draft to the verification length the prefix
    scheduler admits from the rows' survival estimates (confidence_schedule.py, survival.py;
    a row that would not pay verifies none), then
@@ -45,7 +45,7 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedModel
 
-from inference.engine.batch.chain_drafting import ChainDrafting
+from inference.engine.batch.chain_drafting import ChainDrafter
 from inference.engine.batch.confidence_schedule import Schedule
 from inference.engine.batch.device_step import DeviceStep
 from inference.engine.batch.fair_admission import RowScheduler
@@ -88,7 +88,7 @@ from inference.engine.outputs import GenerationResult, StepOutput
 __all__ = ["BatchRequest", "BatchedSpeculativeEngine", "RowEvent", "StepTiming"]
 
 
-class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, PrefillLane, FeatureRows):
+class BatchedSpeculativeEngine(RowVerification, DeviceStep, PrefillLane, FeatureRows):
     """Runs many generations in shared forwards; add requests at any time, call `step()`.
 
     target/draft: what `load_causal_lm` returns (or bare models) sharing a tokenizer; draft may
@@ -110,9 +110,11 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
     runners, runners.py), `kv` and `lane_kv` (the batch's and the prefill lane's target and
     draft caches with the rows each holds, kv_manager.py), `prefixes` (prefix_reuse.py),
     `scheduler` (the rows' admission and preemption, fair_admission.py), `confidence`
-    (confidence-scheduled verification, scheduling.py) and `verifier` (the verifier/sampler:
-    logits and drafts in, verdicts out, on the host and device paths alike; verifier.py).
-    `rows`, `draft_rows`, `target_cache` and `draft_cache` read `kv`. Drafting, the
+    (confidence-scheduled verification, scheduling.py), `chain_drafter` (the `draft_model`
+    rows' chains in shared draft forwards: a draft cache, its rows and their depths in, draft
+    trees out, on the host and device paths alike; chain_drafting.py) and `verifier` (the
+    verifier/sampler: logits and drafts in, verdicts out, on the host and device paths alike;
+    verifier.py). `rows`, `draft_rows`, `target_cache` and `draft_cache` read `kv`. The
     verification and device-step forwards with what they commit to the rows, the prefill lane
     and the DSpark rows are still mixins over those rows and caches.
     """
@@ -160,6 +162,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         self.context_length = context_length(target)
         self.draft_vocab = draft.get_input_embeddings().num_embeddings if draft is not None else 0
         self.draft_context = context_length(draft) if draft is not None else 0
+        # the draft_model rows' chains, drafted in shared draft forwards (chain_drafting.py)
+        self.chain_drafter = ChainDrafter(self.vocab_width, self.draft_vocab)
         prepare_kernels(target, draft)  # measured now, not inside a timed forward
         self.pack_linear = pack_linear
         # the model runners of the static, compiled path (runner/), or None where a model runs
@@ -498,11 +502,6 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         """How many context tokens each row feeds the target this step (`_context_new`)."""
         return [len(self._context_new(row)) for row in self.rows]
 
-    def _extend_chains(self, rows: list[BatchRow], indices: list[int]) -> list[int]:
-        """The `indices` of the draft_model chains worth the next shared draft forward
-        (chain_drafting.py asks; the confidence scheduler decides)."""
-        return self.confidence.extend_chains(rows, indices)
-
     # -- drafting -------------------------------------------------------------------------
 
     def _draft(self, policy_depth: int) -> tuple[list[DraftTree], float]:
@@ -514,7 +513,8 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
         chain_rows = [row for row in self.draft_rows if row.finish_reason is None]
         wanted = {id(row): depth for row, depth in zip(self.rows, depths)}
         if chain_rows:
-            trees.update(self._draft_chains(wanted))
+            trees.update(self.chain_drafter.draft(self.draft_cache, self.draft_rows, wanted, self._chunk,
+                                                  self.confidence.extend_chains, self._observe_draft))
         if self.dspark is not None:
             trees.update(self._draft_feature_rows(wanted))
         for row, depth in zip(self.rows, depths):
@@ -528,6 +528,10 @@ class BatchedSpeculativeEngine(ChainDrafting, RowVerification, DeviceStep, Prefi
                 row.context, DraftRequest(depth, row.sampling, row.generator))
             self.policy.observe_row_draft(row.drafter_kind, depth, time.perf_counter() - row_started)
         return [trees.get(id(row), DraftTree.empty()) for row in self.rows], time.perf_counter() - started
+
+    def _observe_draft(self, rows: int, tokens: int, seconds: float) -> None:
+        """Count one of the chain drafter's shared draft forwards (`_log_forward`)."""
+        self._log_forward("draft", rows, tokens, seconds)
 
     # -- verification ---------------------------------------------------------------------
 

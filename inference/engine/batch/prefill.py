@@ -105,7 +105,7 @@ class PrefillLane:
             # the draft never caches the last context token (chain_drafting.py), so stops short of it
             at = {id(row): (row.prefilled, min(end, row.prompt_length - 1))
                   for row, end in zip(self.lane_rows, ends)}
-            draft_inputs = [RowInput(self._draftable(row.context[at[id(row)][0]:at[id(row)][1]]),
+            draft_inputs = [RowInput(self.chain_drafter.draftable(row.context[at[id(row)][0]:at[id(row)][1]]),
                                      list(range(*at[id(row)])))
                             for row in self.lane_draft_rows]
             if any(item.token_ids for item in draft_inputs):

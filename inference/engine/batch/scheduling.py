@@ -17,7 +17,7 @@ left, the draft's positions) and the depth it drafts this step (`_row_depth`, wh
    of the verify forward's extra width, and pays only if a exceeds that cost times the
    undrafted step's tokens per second (`_plan_rates`). `draft_model` chains decide before each
    shared draft forward which of them it extends, from their calibrated running survival
-   (`extend_chains`, which chain_drafting.py asks through the engine); a per-row drafter gets
+   (`extend_chains`, which the engine hands the chain drafter, chain_drafting.py); a per-row drafter gets
    the deepest depth its running acceptance keeps over its own floor;
 2. after drafting, cuts each scheduled row's draft to the length the scheduler chose (`cut`;
    `schedule`, confidence_schedule.py) against the cost the forward will really have: rows are
